@@ -1,0 +1,88 @@
+"""Request and response bodies of the HTTP API (they make the OpenAPI document at /docs)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class JobCreate(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "text": "# Chapter 1\n\nIt was a dark and stormy night.",
+                    "title": "A Novel",
+                    "voice": "tara",
+                }
+            ]
+        },
+    )
+
+    text: str = Field(description="The text to narrate: plain text or Markdown (headings start chapters).")
+    title: str | None = Field(default=None, max_length=500)
+    voice: str | None = Field(
+        default=None, description="A voice of the model (GET /v1/models); default: the model's."
+    )
+    model: str | None = Field(
+        default=None, description="A model this fleet serves; default: the fleet's default."
+    )
+    format: str = Field(default="wav", description="Output format: wav or flac.")
+    sample_rate: int | None = Field(default=None, description="Output sample rate; default: the model's.")
+    seed: int = Field(
+        default=0,
+        ge=0,
+        le=2**31 - 1,
+        description="Sampling seed; the same seed and text give the same audio.",
+    )
+    text_format: Literal["markdown", "plain"] = "markdown"
+
+
+class Links(BaseModel):
+    self: str
+    events: str
+    audio: str
+
+
+class JobAccepted(BaseModel):
+    id: str
+    status: str
+    segments_total: int
+    chapters: int
+    links: Links
+
+
+class JobView(BaseModel):
+    id: str
+    status: str
+    title: str
+    model: str
+    voice: str
+    format: str
+    sample_rate: int
+    segments_done: int
+    segments_total: int
+    chapters: int
+    audio_seconds: float = Field(description="Seconds of narrated audio assembled so far.")
+    duration_s: float | None = Field(description="Length of the finished file (with pauses), once done.")
+    eta_s: float | None = Field(description="Estimated seconds until every segment is narrated.")
+    error: str | None
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    links: Links
+
+
+class ModelView(BaseModel):
+    name: str
+    description: str
+    sample_rate: int
+    voices: list[str]
+    default_voice: str
+    default: bool
+
+
+class Problem(BaseModel):
+    detail: str

@@ -1,0 +1,105 @@
+"""Every Redis key, stream and consumer group of the fleet, in one place.
+
+Per-job keys carry the job id as a hash tag (``...:{<job_id>}...``) so that a job's keys live in one
+Redis Cluster slot and the Lua scripts that change several of them stay legal on a cluster.
+Streams are one key each; stage streams are per model so that a worker serves only what it loaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Consumer group of AR workers on a model's task stream.
+AR_GROUP = "ar"
+#: Consumer group of decoder workers on a model's code-chunk stream.
+DECODER_GROUP = "decoder"
+#: Consumer group of assemblers on the audio stream.
+ASSEMBLER_GROUP = "assembler"
+
+
+@dataclass(frozen=True)
+class Names:
+    prefix: str
+
+    # --- stage streams -------------------------------------------------------------------------
+    def tasks(self, model: str) -> str:
+        """Stream of SegmentTask: one entry per segment to narrate with ``model``."""
+        return f"{self.prefix}:tasks:{{{model}}}"
+
+    def codes(self, model: str) -> str:
+        """Stream of CodeChunk from AR workers to the decoders of ``model``'s codec."""
+        return f"{self.prefix}:codes:{{{model}}}"
+
+    def audio(self) -> str:
+        """Stream of AudioChunk (delta PCM) from decoders to assemblers."""
+        return f"{self.prefix}:audio"
+
+    def dead_letters(self) -> str:
+        """Stream of messages that failed permanently or too often, with their error."""
+        return f"{self.prefix}:dead"
+
+    # --- jobs ----------------------------------------------------------------------------------
+    def jobs_index(self) -> str:
+        """Sorted set: job id -> creation time (unix seconds)."""
+        return f"{self.prefix}:jobs"
+
+    def job(self, job_id: str) -> str:
+        """Hash: the job's request, status and counters (see jobs.model.Job)."""
+        return f"{self.prefix}:job:{{{job_id}}}"
+
+    def plan(self, job_id: str) -> str:
+        """String: JSON of the segment plan (segments, paragraphs, chapters)."""
+        return f"{self.job(job_id)}:plan"
+
+    def done_segments(self, job_id: str) -> str:
+        """Hash: segment index -> "<attempt>:<samples>" of the attempt that completed it first."""
+        return f"{self.job(job_id)}:segs"
+
+    def attempts(self, job_id: str) -> str:
+        """Hash: segment index -> number of attempts started (an attempt's number is unique)."""
+        return f"{self.job(job_id)}:attempts"
+
+    def events(self, job_id: str) -> str:
+        """Capped stream of progress events; entry ids are the SSE event ids."""
+        return f"{self.job(job_id)}:events"
+
+    def deltas(self, job_id: str, segment: int, attempt: int) -> str:
+        """Hash: chunk seq -> delta PCM of one attempt at one segment, until it is assembled."""
+        return f"{self.job(job_id)}:deltas:{segment}:{attempt}"
+
+    def scratch_keys(self, job_id: str) -> str:
+        """Set of the job's transient keys (delta hashes), deleted when the job ends."""
+        return f"{self.job(job_id)}:scratch"
+
+    def job_keys(self, job_id: str) -> list[str]:
+        """The job's long-lived keys (what a result TTL or a delete must cover)."""
+        return [
+            self.job(job_id),
+            self.plan(job_id),
+            self.done_segments(job_id),
+            self.attempts(job_id),
+            self.events(job_id),
+            self.scratch_keys(job_id),
+        ]
+
+
+# --- storage object keys ---------------------------------------------------------------------------
+
+
+def part_object(job_id: str, segment: int, attempt: int) -> str:
+    """Storage key of one assembled segment (raw PCM int16 mono at the model's rate)."""
+    return f"parts/{job_id}/{segment:06d}-{attempt}.pcm"
+
+
+def parts_prefix(job_id: str) -> str:
+    return f"parts/{job_id}/"
+
+
+def audio_object(job_id: str, fmt: str) -> str:
+    """Storage key of the finished file."""
+    return f"audio/{job_id}.{fmt}"
+
+
+def manifest_object(job_id: str) -> str:
+    """Storage key of the finished file's manifest (chapters, segment timestamps)."""
+    return f"audio/{job_id}.json"

@@ -1,0 +1,114 @@
+"""Every knob of the fleet, in one place.
+
+Values come from the environment (prefix ``NARRATE_``; ``REDIS_URL`` and the usual ``AWS_*`` variables
+without it), each with a default that works on a laptop. Worker processes started by the fleet
+inherit the parent's environment, so one ``Settings`` describes the whole process tree.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "narrate"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="NARRATE_", extra="ignore", frozen=True)
+
+    # --- connections -------------------------------------------------------------------------
+    #: Redis/Valkey URL. Unset: the fleet commands start a private Valkey in ``data_dir``.
+    redis_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("REDIS_URL", "NARRATE_REDIS_URL")
+    )
+    #: Prefix of every key and stream name; lets several fleets (or test runs) share one Redis.
+    key_prefix: str = "narr"
+    #: Local state: embedded Valkey's data, built tiny checkpoints, local storage.
+    data_dir: Path = Field(default_factory=_default_data_dir)
+
+    # --- storage -----------------------------------------------------------------------------
+    #: S3 bucket for results; unset means local disk under ``data_dir/storage``.
+    s3_bucket: str | None = None
+    s3_endpoint_url: str | None = None
+    s3_prefix: str = ""
+    s3_region: str | None = None
+    #: Lifetime of presigned download URLs, seconds.
+    presign_ttl_s: int = 3600
+    #: Files at least this large are uploaded in parts (bytes).
+    multipart_threshold: int = 64 * 1024 * 1024
+    multipart_chunksize: int = 16 * 1024 * 1024
+
+    # --- input limits and segmentation -------------------------------------------------------
+    max_text_chars: int = 2_000_000
+    #: Sentences longer than this are split at clause boundaries (characters).
+    max_segment_chars: int = 300
+
+    # --- models and engines ------------------------------------------------------------------
+    default_model: str = "tiny"
+    #: Models this fleet serves (comma separated); AR/decoder workers load these.
+    models: str = "tiny"
+    #: AR engine: "reference" (plain PyTorch) or "vllm".
+    engine: str = "reference"
+    #: Sequences decoded together by one AR engine.
+    max_num_seqs: int = 32
+    #: Torch intra-op threads per worker process (0 = torch's default).
+    torch_threads: int = 1
+    #: Device for the reference engine and decoders ("cpu", "cuda").
+    device: str = "cpu"
+    #: Local checkpoint directory of the "orpheus" model (LM + tokenizer; codec under snac/).
+    orpheus_dir: Path | None = None
+
+    # --- streaming (I1) ------------------------------------------------------------------------
+    #: Frames of new audio per code chunk.
+    chunk_frames: int = 25
+    #: Frames in a segment's first chunk: small, for a fast first audio.
+    first_chunk_frames: int = 5
+    #: Frames of left context sent with every chunk (>= the decoder's receptive field).
+    left_context_frames: int = 4
+    #: Frames of look-ahead held back until known (the decoder's right receptive field).
+    lookahead_frames: int = 3
+
+    # --- consumers -----------------------------------------------------------------------------
+    #: XREADGROUP BLOCK timeout, milliseconds.
+    block_ms: int = 1000
+    #: A pending entry idle this long is reclaimed by another consumer (XAUTOCLAIM), ms.
+    reclaim_idle_ms: int = 60_000
+    #: Deliveries before a message is dead-lettered and its job failed.
+    max_deliveries: int = 5
+    #: Code chunks decoded together by one decoder.
+    decode_batch: int = 32
+
+    # --- output --------------------------------------------------------------------------------
+    sentence_pause_ms: int = 300
+    paragraph_pause_ms: int = 700
+    chapter_pause_ms: int = 1500
+    #: Job keys live this long after the job ends, seconds.
+    result_ttl_s: int = 7 * 24 * 3600
+    #: Progress events kept per job (capped stream).
+    events_maxlen: int = 20_000
+    #: RQ finalize job timeout, seconds.
+    finalize_timeout_s: int = 3600
+
+    # --- api -----------------------------------------------------------------------------------
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
+    #: SSE keep-alive ping interval, seconds.
+    sse_ping_s: int = 15
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        return tuple(m.strip() for m in self.models.split(",") if m.strip())
+
+    @property
+    def storage_dir(self) -> Path:
+        return self.data_dir / "storage"
+
+    @property
+    def finalize_queue(self) -> str:
+        return f"{self.key_prefix}-finalize"

@@ -1,0 +1,171 @@
+"""Where assembled segments and finished files live: a local directory, or S3 (any S3 API) via boto3.
+
+Writes are whole-object and idempotent (writing a key twice leaves one copy). Large files go up in
+parts (boto3's managed transfer: multipart above ``multipart_threshold``). S3 downloads are handed
+out as presigned URLs; local files are served by the API itself.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Protocol
+
+from fleet.settings import Settings
+
+
+class StorageError(RuntimeError):
+    pass
+
+
+class Storage(Protocol):
+    def put_bytes(self, key: str, data: bytes) -> None: ...
+    def put_file(self, key: str, path: Path, content_type: str | None = None) -> None: ...
+    def get_bytes(self, key: str) -> bytes: ...
+    def download(self, key: str, path: Path) -> None: ...
+    def exists(self, key: str) -> bool: ...
+    def delete_prefix(self, prefix: str) -> int: ...
+    def local_path(self, key: str) -> Path | None: ...
+    def presigned_url(self, key: str, filename: str | None = None) -> str | None: ...
+
+
+class LocalStorage:
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        path = (self.root / key).resolve()
+        if self.root.resolve() not in path.parents:
+            raise StorageError(f"key {key!r} escapes the storage root")
+        return path
+
+    def _atomic_write(self, key: str, write) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self._atomic_write(key, lambda f: f.write(data))
+
+    def put_file(self, key: str, path: Path, content_type: str | None = None) -> None:
+        with open(path, "rb") as src:
+            self._atomic_write(key, lambda f: shutil.copyfileobj(src, f, 1 << 20))
+
+    def get_bytes(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError as exc:
+            raise StorageError(f"no object {key!r}") from exc
+
+    def download(self, key: str, path: Path) -> None:
+        src = self._path(key)
+        if not src.exists():
+            raise StorageError(f"no object {key!r}")
+        shutil.copyfile(src, path)
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).exists()
+
+    def delete_prefix(self, prefix: str) -> int:
+        base = self._path(prefix.rstrip("/"))
+        if base.is_dir():
+            count = sum(1 for p in base.rglob("*") if p.is_file())
+            shutil.rmtree(base, ignore_errors=True)
+            return count
+        if base.is_file():
+            base.unlink()
+            return 1
+        return 0
+
+    def local_path(self, key: str) -> Path | None:
+        path = self._path(key)
+        return path if path.exists() else None
+
+    def presigned_url(self, key: str, filename: str | None = None) -> str | None:
+        return None
+
+
+class S3Storage:
+    def __init__(self, settings: Settings) -> None:
+        import boto3
+        from boto3.s3.transfer import TransferConfig
+        from botocore.config import Config
+
+        self.bucket = settings.s3_bucket
+        self.prefix = settings.s3_prefix.strip("/") + "/" if settings.s3_prefix.strip("/") else ""
+        self.ttl = settings.presign_ttl_s
+        # credentials: the usual AWS variables / profiles / instance roles, as boto3 finds them
+        self.client = boto3.client(
+            "s3",
+            endpoint_url=settings.s3_endpoint_url,
+            region_name=settings.s3_region,
+            config=Config(retries={"max_attempts": 8, "mode": "standard"}, signature_version="s3v4"),
+        )
+        self.transfer = TransferConfig(
+            multipart_threshold=settings.multipart_threshold, multipart_chunksize=settings.multipart_chunksize
+        )
+
+    def _key(self, key: str) -> str:
+        return self.prefix + key
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+
+    def put_file(self, key: str, path: Path, content_type: str | None = None) -> None:
+        extra = {"ContentType": content_type} if content_type else None
+        self.client.upload_file(str(path), self.bucket, self._key(key), ExtraArgs=extra, Config=self.transfer)
+
+    def get_bytes(self, key: str) -> bytes:
+        from botocore.exceptions import ClientError
+
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+        except ClientError as exc:
+            raise StorageError(f"no object {key!r}: {exc}") from exc
+
+    def download(self, key: str, path: Path) -> None:
+        self.client.download_file(self.bucket, self._key(key), str(path), Config=self.transfer)
+
+    def exists(self, key: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            return True
+        except ClientError:
+            return False
+
+    def delete_prefix(self, prefix: str) -> int:
+        count = 0
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
+            objects = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+            if objects:
+                self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": objects, "Quiet": True})
+                count += len(objects)
+        return count
+
+    def local_path(self, key: str) -> Path | None:
+        return None
+
+    def presigned_url(self, key: str, filename: str | None = None) -> str | None:
+        params = {"Bucket": self.bucket, "Key": self._key(key)}
+        if filename:
+            params["ResponseContentDisposition"] = f'attachment; filename="{filename}"'
+        return self.client.generate_presigned_url("get_object", Params=params, ExpiresIn=self.ttl)
+
+
+def storage_from_settings(settings: Settings) -> Storage:
+    if settings.s3_bucket:
+        return S3Storage(settings)
+    return LocalStorage(settings.storage_dir)

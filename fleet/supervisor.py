@@ -1,0 +1,127 @@
+"""Runs fleet stages as child processes of one command (``narrate fleet``, ``narrate file``).
+
+Each child is the same CLI command one would run alone against a shared Redis; the supervisor only
+starts them, restarts one that dies (with backoff), and stops them all (SIGTERM, then SIGKILL).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    process: subprocess.Popen | None = None
+    restarts: int = 0
+    next_start: float = 0.0
+    started_at: float = field(default=0.0)
+
+
+def cli_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "fleet.cli", *args]
+
+
+class Supervisor:
+    def __init__(self, children: list[Child], env: dict[str, str], log_dir: Path | None = None) -> None:
+        self.children = children
+        self.env = env
+        self.log_dir = log_dir
+        self._logs: list[IO] = []
+
+    def _spawn(self, child: Child) -> None:
+        out: IO | None = None
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            out = open(self.log_dir / f"{child.name}.log", "ab")  # noqa: SIM115 - closed in stop()
+            self._logs.append(out)
+        child.process = subprocess.Popen(
+            child.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT if out else None
+        )
+        child.started_at = time.monotonic()
+        log.info("started %s (pid %d)", child.name, child.process.pid)
+
+    def start(self) -> None:
+        for child in self.children:
+            self._spawn(child)
+
+    def poll(self) -> None:
+        """Restart children that exited, backing off 1, 2, 4 ... 30 s if they keep dying."""
+        now = time.monotonic()
+        for child in self.children:
+            proc = child.process
+            if proc is None or proc.poll() is None:
+                continue
+            if child.next_start == 0.0:
+                if now - child.started_at > 60:
+                    child.restarts = 0  # it ran fine for a while: not a crash loop
+                delay = min(2**child.restarts, 30)
+                child.next_start = now + delay
+                log.warning("%s exited with %s; restarting in %d s", child.name, proc.returncode, delay)
+            elif now >= child.next_start:
+                child.restarts += 1
+                child.next_start = 0.0
+                self._spawn(child)
+
+    def alive(self) -> dict[str, bool]:
+        return {c.name: c.process is not None and c.process.poll() is None for c in self.children}
+
+    def stop(self, timeout: float = 10.0) -> None:
+        procs = [c.process for c in self.children if c.process is not None and c.process.poll() is None]
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for f in self._logs:
+            f.close()
+        self._logs.clear()
+
+
+def fleet_children(
+    *,
+    api: bool,
+    ar_workers: int,
+    decoders: int,
+    assemblers: int,
+    finalizers: int,
+    models: list[str],
+    api_port: int | None = None,
+) -> list[Child]:
+    children: list[Child] = []
+    if api:
+        extra = ["--port", str(api_port)] if api_port else []
+        children.append(Child("api", cli_argv("api", *extra)))
+    for model in models:
+        for i in range(ar_workers):
+            children.append(Child(f"ar-{model}-{i}", cli_argv("ar-worker", "--model", model)))
+    for i in range(decoders):
+        children.append(Child(f"decoder-{i}", cli_argv("decoder-worker", "--models", ",".join(models))))
+    for i in range(assemblers):
+        children.append(Child(f"assembler-{i}", cli_argv("assembler")))
+    for i in range(finalizers):
+        children.append(Child(f"finalizer-{i}", cli_argv("finalize-worker")))
+    return children
+
+
+def child_env(redis_url: str | None) -> dict[str, str]:
+    env = dict(os.environ)
+    if redis_url:
+        env["REDIS_URL"] = redis_url
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env

@@ -1,0 +1,127 @@
+"""The finalize job (run by RQ): stitch a finished job's segments, encode, upload, mark it done.
+
+Idempotent: it only acts on a job in ``finalizing``, writes the same keys every time, and the final
+state change happens at most once (a second run, or a run after a cancel, changes nothing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import tempfile
+from pathlib import Path
+
+from fleet.names import Names, audio_object, manifest_object, part_object, parts_prefix
+from fleet.redis import async_client, sync_client
+from fleet.settings import Settings
+from fleet.storage import Storage, storage_from_settings
+from jobs.audio import FORMATS, Pauses, stitch
+from jobs.model import JobStatus
+from jobs.store import JobStore
+from models.registry import MODELS
+
+log = logging.getLogger(__name__)
+
+
+def audio_url(job_id: str) -> str:
+    """The API path that serves (or redirects to) a job's file."""
+    return f"/v1/jobs/{job_id}/audio"
+
+
+def finalize_job(job_id: str) -> str:
+    """RQ entry point. Settings come from the worker's environment."""
+    return asyncio.run(_finalize(Settings(), job_id))
+
+
+async def _finalize(settings: Settings, job_id: str) -> str:
+    redis = async_client(settings)
+    try:
+        store = JobStore(
+            redis,
+            Names(settings.key_prefix),
+            events_maxlen=settings.events_maxlen,
+            result_ttl_s=settings.result_ttl_s,
+        )
+        return await Finalizer(settings, store, storage_from_settings(settings)).run(job_id)
+    finally:
+        await redis.aclose()
+
+
+class Finalizer:
+    def __init__(self, settings: Settings, store: JobStore, storage: Storage) -> None:
+        self.settings = settings
+        self.store = store
+        self.storage = storage
+
+    async def run(self, job_id: str) -> str:
+        job = await self.store.get(job_id)
+        if job is None or job.status != JobStatus.FINALIZING:
+            log.info("finalize %s: nothing to do (status %s)", job_id, job.status if job else "gone")
+            return "skipped"
+        plan = await self.store.plan(job_id)
+        winners = await self.store.completed_segments(job_id)
+        missing = [s.index for s in plan.segments if s.index not in winners]
+        if missing:
+            reason = f"finalize found {len(missing)} segment(s) without audio (first: {missing[0]})"
+            await self.store.fail(job_id, reason)
+            return "failed"
+        model_rate = MODELS[job.model].family.sample_rate
+        s = self.settings
+        pauses = Pauses(s.sentence_pause_ms, s.paragraph_pause_ms, s.chapter_pause_ms)
+
+        def read_segment(index: int) -> bytes:
+            attempt, samples = winners[index]
+            pcm = self.storage.get_bytes(part_object(job_id, index, attempt))
+            if len(pcm) != 2 * samples:
+                raise RuntimeError(
+                    f"segment {index}: stored part has {len(pcm) // 2} samples, expected {samples}"
+                )
+            return pcm
+
+        key = audio_object(job_id, job.format)
+        with tempfile.TemporaryDirectory(prefix="narrate-final-") as tmp:
+            out = Path(tmp) / f"{job_id}.{job.format}"
+            manifest = await asyncio.to_thread(
+                stitch,
+                plan,
+                read_segment,
+                out,
+                fmt=job.format,
+                model_rate=model_rate,
+                out_rate=job.sample_rate,
+                pauses=pauses,
+            )
+            body = json.dumps({**manifest.to_dict(job_id), "title": job.title}, ensure_ascii=False).encode()
+            await asyncio.to_thread(self.storage.put_bytes, manifest_object(job_id), body)
+            await asyncio.to_thread(self.storage.put_file, key, out, FORMATS[job.format][2])
+        if not await self.store.finish(job_id, key, manifest.duration_s, audio_url(job_id)):
+            return "skipped"  # cancelled while we stitched
+        await asyncio.to_thread(self.storage.delete_prefix, parts_prefix(job_id))
+        log.info("finalized %s: %.1f s of audio in %s", job_id, manifest.duration_s, key)
+        return "done"
+
+
+def enqueue_finalize(settings: Settings, job_id: str, connection=None) -> None:
+    """Queue the finalize job once (a second call for the same job is a no-op)."""
+    from rq import Queue, Retry
+    from rq.exceptions import DuplicateJobError
+    from rq.job import Job as RQJob
+
+    connection = connection or sync_client(settings)
+    rq_id = f"{settings.key_prefix}-finalize-{job_id}"
+    if RQJob.exists(rq_id, connection=connection):
+        return
+    queue = Queue(settings.finalize_queue, connection=connection)
+    with contextlib.suppress(DuplicateJobError):
+        queue.enqueue_call(
+            finalize_job,
+            args=(job_id,),
+            job_id=rq_id,
+            unique=True,
+            timeout=settings.finalize_timeout_s,
+            retry=Retry(max=3, interval=[5, 30, 120]),
+            result_ttl=settings.result_ttl_s,
+            failure_ttl=settings.result_ttl_s,
+        )

@@ -1,0 +1,384 @@
+"""Long text -> a plan of segments (sentences), grouped into paragraphs and chapters.
+
+Every segment keeps the span of the original text it came from (``original[start:end]``), so the
+source of any piece of audio is recoverable; ``text`` is what is spoken (Markdown markup removed,
+whitespace collapsed). Headings (Markdown ``#`` lines, "Chapter 3" / "CHAPTER IV" lines) start chapters
+and are spoken as segments of their own. Pauses follow the structure: sentence < paragraph < chapter.
+
+The sentence splitter is rule-based and linear in the text's length: a boundary is a run of
+terminators (. ! ? … and CJK 。！？), optional closing quotes/brackets, whitespace, then something that
+can start a sentence (an upper-case letter, a digit, an opening quote). Titles such as "Dr." and
+initials such as "J. R. R." never end a sentence; decimals and "e.g. so" never reach the check.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+
+
+class Pause(StrEnum):
+    """The pause that follows a segment."""
+
+    SENTENCE = "sentence"
+    PARAGRAPH = "paragraph"
+    CHAPTER = "chapter"
+    END = "end"
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    index: int
+    text: str
+    start: int
+    end: int
+    chapter: int
+    paragraph: int
+    heading: bool
+    pause_after: Pause
+
+
+@dataclass(frozen=True, slots=True)
+class Chapter:
+    index: int
+    title: str
+    first_segment: int
+
+
+@dataclass(slots=True)
+class Plan:
+    segments: list[Segment] = field(default_factory=list)
+    chapters: list[Chapter] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"segments": [asdict(s) for s in self.segments], "chapters": [asdict(c) for c in self.chapters]},
+            ensure_ascii=False,
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> Plan:
+        data = json.loads(raw)
+        segments = [Segment(**{**s, "pause_after": Pause(s["pause_after"])}) for s in data["segments"]]
+        return cls(segments=segments, chapters=[Chapter(**c) for c in data["chapters"]])
+
+
+# --- blocks: paragraphs and headings ---------------------------------------------------------------
+
+_MD_HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(?P<title>.+?)\s*#*\s*$")
+_CHAPTER_LINE = re.compile(
+    r"^\s*(?P<title>(?:chapter|part|book)\s+(?:\d+|[ivxlcdm]+|[a-z]+(?:[- ][a-z]+)?)\b[^\n]{0,80})\s*$",
+    re.IGNORECASE,
+)
+_RULE = re.compile(r"^\s{0,3}([-*_])(\s*\1){2,}\s*$")  # --- *** ___ : a scene break
+_FENCE = re.compile(r"^\s{0,3}(```|~~~)")
+_LIST_ITEM = re.compile(r"^\s{0,3}(?:[-*+]|\d{1,3}[.)])\s+")
+
+
+@dataclass(slots=True)
+class _Block:
+    start: int
+    end: int
+    heading: bool
+
+
+def _lines(text: str):
+    """Yield (start, end) of each line, end excluding the newline."""
+    pos = 0
+    for match in re.finditer(r"\r\n|\n|\r", text):
+        yield pos, match.start()
+        pos = match.end()
+    yield pos, len(text)
+
+
+def _blocks(text: str, markdown: bool) -> list[_Block]:
+    blocks: list[_Block] = []
+    current: _Block | None = None
+    in_fence = False
+
+    def close() -> None:
+        nonlocal current
+        if current is not None:
+            blocks.append(current)
+            current = None
+
+    for start, end in _lines(text):
+        line = text[start:end]
+        if markdown and _FENCE.match(line):
+            in_fence = not in_fence  # code is not narrated
+            close()
+            continue
+        if in_fence:
+            continue
+        if not line.strip() or (markdown and _RULE.match(line)):
+            close()
+            continue
+        heading = _heading_span(text, start, end, markdown)
+        if heading is not None:
+            close()
+            blocks.append(_Block(heading[0], heading[1], heading=True))
+            continue
+        if markdown and _LIST_ITEM.match(line):
+            close()  # each list item reads as its own paragraph
+            current = _Block(start + _LIST_ITEM.match(line).end(), end, heading=False)
+            continue
+        if current is None:
+            current = _Block(start, end, heading=False)
+        else:
+            current.end = end
+    close()
+    return blocks
+
+
+def _heading_span(text: str, start: int, end: int, markdown: bool) -> tuple[int, int] | None:
+    line = text[start:end]
+    match = (_MD_HEADING.match(line) if markdown else None) or _CHAPTER_LINE.match(line)
+    if match is None:
+        return None
+    return start + match.start("title"), start + match.end("title")
+
+
+# --- sentences ------------------------------------------------------------------------------------
+
+#: Abbreviations that are (nearly) never the end of a sentence, lower-case, without the final dot.
+_NON_FINAL_ABBREVIATIONS = frozenset(
+    [
+        "mr",
+        "mrs",
+        "ms",
+        "mx",
+        "dr",
+        "prof",
+        "sr",
+        "jr",
+        "st",
+        "mt",
+        "ft",
+        "capt",
+        "col",
+        "gen",
+        "lt",
+        "sgt",
+        "cpl",
+        "maj",
+        "adm",
+        "gov",
+        "sen",
+        "rep",
+        "rev",
+        "hon",
+        "pres",
+        "fr",
+        "msgr",
+        "sra",
+        "srta",
+        "mme",
+        "mlle",
+        "messrs",
+        "e.g",
+        "i.e",
+        "cf",
+        "viz",
+        "vs",
+        "v",
+        "approx",
+        "ca",
+        "fig",
+        "figs",
+        "no",
+        "nos",
+        "vol",
+        "vols",
+        "pp",
+        "p",
+        "ch",
+        "sec",
+        "art",
+        "dept",
+        "est",
+        "jan",
+        "feb",
+        "mar",
+        "apr",
+        "jun",
+        "jul",
+        "aug",
+        "sep",
+        "sept",
+        "oct",
+        "nov",
+        "dec",
+    ]
+)
+_TERMINATOR = re.compile(r"[.!?…。！？]+[\"'”’)\]»›]*")
+_CJK_FINAL = frozenset("。！？")
+_OPENERS = "\"'“‘([«‹¿¡"
+
+
+def _is_boundary(text: str, term: re.Match[str], para_end: int) -> tuple[bool, int]:
+    """Whether the terminator ends a sentence; also where the next sentence starts."""
+    end = term.end()
+    if term.group()[-1] in _CJK_FINAL or term.group()[0] in _CJK_FINAL:
+        nxt = end
+        while nxt < para_end and text[nxt].isspace():
+            nxt += 1
+        return True, nxt
+    nxt = end
+    while nxt < para_end and text[nxt].isspace():
+        nxt += 1
+    if nxt >= para_end:
+        return True, para_end
+    if nxt == end:  # no whitespace after: 3.50, U.S.A., "e.g.,"
+        return False, nxt
+    head = nxt
+    while head < para_end and text[head] in _OPENERS:
+        head += 1
+    if head >= para_end or not _can_start_sentence(text[head]):
+        return False, nxt
+    if term.group() == "." and _word_before(text, term.start()) in _NON_FINAL_ABBREVIATIONS:
+        return False, nxt
+    if term.group() == "." and len(_word_before(text, term.start())) == 1:
+        return False, nxt  # an initial: J. R. R. Tolkien
+    return True, nxt
+
+
+def _can_start_sentence(char: str) -> bool:
+    # upper case, a digit, or a letter of a script without case (CJK, Arabic, ...)
+    return char.isupper() or char.isdigit() or (char.isalpha() and not char.islower())
+
+
+def _word_before(text: str, pos: int) -> str:
+    start = pos
+    while start > 0 and (text[start - 1].isalpha() or text[start - 1] == "."):
+        start -= 1
+    return text[start:pos].lower()
+
+
+def _sentences(text: str, start: int, end: int) -> list[tuple[int, int]]:
+    """Spans of the sentences of the paragraph text[start:end], whitespace trimmed."""
+    spans: list[tuple[int, int]] = []
+    sent_start = start
+    for term in _TERMINATOR.finditer(text, start, end):
+        boundary, nxt = _is_boundary(text, term, end)
+        if boundary:
+            spans.append((sent_start, term.end()))
+            sent_start = nxt
+    if sent_start < end:
+        spans.append((sent_start, end))
+    return [s for s in (_trim(text, a, b) for a, b in spans) if s[1] > s[0]]
+
+
+def _trim(text: str, start: int, end: int) -> tuple[int, int]:
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    return start, end
+
+
+# --- over-long sentences --------------------------------------------------------------------------
+
+_CLAUSE_BREAKS = (
+    re.compile(r"[;:]\s+"),
+    re.compile(r"\s+[—–]\s*|—"),
+    re.compile(r",\s+"),
+    re.compile(r"\s+"),
+)
+
+
+def _split_long(text: str, start: int, end: int, max_chars: int) -> list[tuple[int, int]]:
+    """Split text[start:end] at the strongest clause break that leaves pieces under max_chars."""
+    if end - start <= max_chars:
+        return [(start, end)]
+    for pattern in _CLAUSE_BREAKS:
+        cuts = [m.end() for m in pattern.finditer(text, start, end) if start < m.start() and m.end() < end]
+        fitting = [c for c in cuts if c - start <= max_chars]
+        if fitting:
+            # the latest break that fits keeps pieces long; prefer one past a third of the limit
+            good = [c for c in fitting if c - start >= max_chars // 3] or fitting
+            cut = good[-1]
+            head = _trim(text, start, cut)
+            return [head, *_split_long(text, *_trim(text, cut, end), max_chars)]
+    cut = start + max_chars  # one unbroken run of characters (a URL, say)
+    return [(start, cut), *_split_long(text, cut, end, max_chars)]
+
+
+# --- spoken text ----------------------------------------------------------------------------------
+
+_MD_INLINE = [
+    (re.compile(r"!\[([^\]]*)\]\([^)]*\)"), r"\1"),  # images -> alt text
+    (re.compile(r"\[([^\]]+)\]\([^)]*\)"), r"\1"),  # links -> their text
+    (re.compile(r"<[^>\n]+>"), ""),  # inline HTML
+    (re.compile(r"(?m)^\s{0,3}>\s?"), ""),  # block quotes
+    (re.compile(r"(\*\*|__|\*|_|~~|`+)(?=\S)(.+?)(?<=\S)\1"), r"\2"),  # emphasis, code
+]
+
+
+def spoken(text: str, markdown: bool = True) -> str:
+    if markdown:
+        for pattern, repl in _MD_INLINE:
+            text = pattern.sub(repl, text)
+    return " ".join(text.split())
+
+
+# --- the plan -------------------------------------------------------------------------------------
+
+
+def plan_text(text: str, *, markdown: bool = True, max_chars: int = 300) -> Plan:
+    """Segment ``text`` into sentences grouped into paragraphs and chapters."""
+    if max_chars < 20:
+        raise ValueError("max_chars must be at least 20")
+    plan = Plan()
+    paragraph = -1
+    for block in _blocks(text, markdown):
+        if block.heading:
+            title = spoken(text[block.start : block.end], markdown)
+            if not title:
+                continue
+            _end_previous(plan, Pause.CHAPTER)
+            paragraph += 1
+            plan.chapters.append(Chapter(len(plan.chapters), title, len(plan.segments)))
+            pieces = _split_long(text, block.start, block.end, max_chars)
+        else:
+            pieces = [
+                p for s in _sentences(text, block.start, block.end) for p in _split_long(text, *s, max_chars)
+            ]
+            pieces = [p for p in pieces if spoken(text[p[0] : p[1]], markdown)]
+            if not pieces:
+                continue
+            if not plan.chapters:  # text before the first heading: an untitled opening chapter
+                plan.chapters.append(Chapter(0, "", 0))
+            _end_previous(plan, Pause.PARAGRAPH)
+            paragraph += 1
+        chapter = len(plan.chapters) - 1
+        for start, end in pieces:
+            plan.segments.append(
+                Segment(
+                    index=len(plan.segments),
+                    text=spoken(text[start:end], markdown),
+                    start=start,
+                    end=end,
+                    chapter=chapter,
+                    paragraph=paragraph,
+                    heading=block.heading,
+                    pause_after=Pause.SENTENCE,
+                )
+            )
+    _end_previous(plan, Pause.END, force=True)
+    return plan
+
+
+def _end_previous(plan: Plan, pause: Pause, force: bool = False) -> None:
+    """Set the pause after the last segment so far (the stronger of what it has and ``pause``)."""
+    if not plan.segments:
+        return
+    order = [Pause.SENTENCE, Pause.PARAGRAPH, Pause.CHAPTER]
+    last = plan.segments[-1]
+    if force or last.pause_after in order and order.index(pause) > order.index(last.pause_after):
+        new = pause
+    else:
+        return
+    plan.segments[-1] = Segment(**{**asdict(last), "pause_after": new})

@@ -1,0 +1,113 @@
+"""Accepting a job: validate the request, plan its segments, store it and enqueue its tasks.
+
+Shared by the HTTP API and the ``narrate file`` command, so both accept and refuse the same things.
+Validation happens entirely before anything is written: a refused request leaves no trace.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from dataclasses import dataclass
+
+from fleet.messages import SegmentTask
+from fleet.settings import Settings
+from jobs.audio import FORMATS, SAMPLE_RATES
+from jobs.model import Job, JobStatus
+from jobs.segmentation import Plan, plan_text
+from jobs.store import JobStore
+from models.registry import UnknownModelError, get_model
+
+
+class InvalidRequest(ValueError):
+    """A request the fleet refuses; ``status`` is the HTTP status that says why."""
+
+    def __init__(self, message: str, status: int = 422) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    text: str
+    title: str | None = None
+    voice: str | None = None
+    model: str | None = None
+    format: str = "wav"
+    sample_rate: int | None = None
+    seed: int = 0
+    markdown: bool = True
+
+
+def segment_seed(job_seed: int, voice: str, text: str) -> int:
+    """The sampling seed of a segment: the same sentence in the same voice sounds the same anywhere,
+    and a retried segment reproduces its codes."""
+    digest = hashlib.blake2b(f"{job_seed}\x1f{voice}\x1f{text}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & 0x7FFF_FFFF
+
+
+def validate(request: JobRequest, settings: Settings) -> tuple[Job, Plan]:
+    if not request.text or not request.text.strip():
+        raise InvalidRequest("text is empty: send the text to narrate", 422)
+    if len(request.text) > settings.max_text_chars:
+        raise InvalidRequest(
+            f"text has {len(request.text):,} characters; this fleet accepts at most {settings.max_text_chars:,}",
+            413,
+        )
+    try:
+        spec = get_model(request.model or settings.default_model, settings)
+    except UnknownModelError as exc:
+        raise InvalidRequest(str(exc), 422) from exc
+    family = spec.family
+    voice = request.voice or family.default_voice
+    if voice not in family.voices:
+        raise InvalidRequest(
+            f"unknown voice {voice!r} for model {spec.name!r}; voices: {', '.join(family.voices)}", 422
+        )
+    fmt = request.format.lower()
+    if fmt not in FORMATS:
+        raise InvalidRequest(f"unsupported format {request.format!r}; supported: {', '.join(FORMATS)}", 422)
+    rate = request.sample_rate or family.sample_rate
+    if rate not in SAMPLE_RATES:
+        raise InvalidRequest(
+            f"unsupported sample rate {rate}; supported: {', '.join(map(str, SAMPLE_RATES))}", 422
+        )
+    plan = plan_text(request.text, markdown=request.markdown, max_chars=settings.max_segment_chars)
+    if not plan.segments:
+        raise InvalidRequest("text has nothing to narrate (only markup or code)", 422)
+    job = Job(
+        id=uuid.uuid4().hex,
+        status=JobStatus.QUEUED,
+        model=spec.name,
+        voice=voice,
+        format=fmt,
+        sample_rate=rate,
+        seed=request.seed,
+        title=(request.title or (plan.chapters[0].title if plan.chapters else ""))[:500],
+        text_chars=len(request.text),
+        segments_total=len(plan.segments),
+        chapters=len(plan.chapters),
+        created_at=time.time(),
+    )
+    return job, plan
+
+
+def tasks_for(job: Job, plan: Plan) -> list[SegmentTask]:
+    return [
+        SegmentTask(
+            job_id=job.id,
+            segment=s.index,
+            text=s.text,
+            model=job.model,
+            voice=job.voice,
+            seed=segment_seed(job.seed, job.voice, s.text),
+        )
+        for s in plan.segments
+    ]
+
+
+async def submit(store: JobStore, settings: Settings, request: JobRequest) -> Job:
+    job, plan = validate(request, settings)
+    await store.create(job, plan, tasks_for(job, plan))
+    return job

@@ -1,0 +1,220 @@
+"""The job store: every read and write of a job's Redis keys goes through here."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+from fleet.messages import AudioChunk, SegmentTask
+from fleet.names import Names
+from jobs import scripts
+from jobs.model import EventType, Job, JobStatus
+from jobs.segmentation import Plan
+
+#: About this many 'progress' events per job, whatever its length (every segment has a 'segment' event).
+PROGRESS_EVENTS_PER_JOB = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    id: str
+    type: EventType
+    data: dict
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentResult:
+    applied: bool  # this call completed the segment (False: another attempt did, or the job ended)
+    done: int
+    total: int
+
+    @property
+    def job_complete(self) -> bool:
+        return self.applied and self.done == self.total
+
+
+class JobStore:
+    def __init__(self, redis: aioredis.Redis, names: Names, *, events_maxlen: int, result_ttl_s: int) -> None:
+        self.redis = redis
+        self.names = names
+        self.events_maxlen = events_maxlen
+        self.result_ttl_s = result_ttl_s
+        self._mark_running = redis.register_script(scripts.MARK_RUNNING)
+        self._add_delta = redis.register_script(scripts.ADD_DELTA)
+        self._segment_done = redis.register_script(scripts.SEGMENT_DONE)
+        self._end_job = redis.register_script(scripts.END_JOB)
+
+    # --- creation and reads -------------------------------------------------------------------------
+
+    async def create(self, job: Job, plan: Plan, tasks: list[SegmentTask]) -> None:
+        """Store the job and enqueue its segments, all or nothing (one MULTI/EXEC)."""
+        n = self.names
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(n.job(job.id), mapping=job.to_hash())
+        pipe.set(n.plan(job.id), plan.to_json())
+        pipe.zadd(n.jobs_index(), {job.id: job.created_at})
+        self._event(
+            pipe, job.id, EventType.QUEUED, {"segments": job.segments_total, "chapters": job.chapters}
+        )
+        stream = n.tasks(job.model)
+        for task in tasks:
+            pipe.xadd(stream, task.encode())
+        await pipe.execute()
+
+    async def get(self, job_id: str) -> Job | None:
+        raw = await self.redis.hgetall(self.names.job(job_id))
+        return Job.from_hash(raw) if raw else None
+
+    async def status(self, job_id: str) -> JobStatus | None:
+        raw = await self.redis.hget(self.names.job(job_id), "status")
+        return JobStatus(raw.decode()) if raw else None
+
+    async def statuses(self, job_ids: set[str]) -> dict[str, JobStatus | None]:
+        ids = sorted(job_ids)
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hget(self.names.job(job_id), "status")
+        raw = await pipe.execute()
+        return {job_id: (JobStatus(r.decode()) if r else None) for job_id, r in zip(ids, raw, strict=True)}
+
+    async def plan(self, job_id: str) -> Plan:
+        raw = await self.redis.get(self.names.plan(job_id))
+        if raw is None:
+            raise KeyError(f"job {job_id} has no plan")
+        return Plan.from_json(raw)
+
+    async def completed_segments(self, job_id: str) -> dict[int, tuple[int, int]]:
+        """segment -> (winning attempt, samples)."""
+        raw = await self.redis.hgetall(self.names.done_segments(job_id))
+        out = {}
+        for seg, value in raw.items():
+            attempt, samples = value.decode().split(":")
+            out[int(seg)] = (int(attempt), int(samples))
+        return out
+
+    # --- events -------------------------------------------------------------------------------------
+
+    def _event(self, pipe, job_id: str, kind: EventType, data: dict) -> None:
+        pipe.xadd(
+            self.names.events(job_id),
+            {"type": kind.value, "data": json.dumps(data)},
+            maxlen=self.events_maxlen,
+            approximate=True,
+        )
+
+    async def read_events(
+        self, job_id: str, after: str, block_ms: int | None, count: int = 200
+    ) -> list[Event]:
+        reply = await self.redis.xread({self.names.events(job_id): after}, count=count, block=block_ms)
+        events = []
+        for _stream, entries in reply or []:
+            for entry_id, fields in entries:
+                events.append(
+                    Event(entry_id.decode(), EventType(fields[b"type"].decode()), json.loads(fields[b"data"]))
+                )
+        return events
+
+    # --- the AR stage -------------------------------------------------------------------------------
+
+    async def next_attempt(self, job_id: str, segment: int) -> int:
+        return int(await self.redis.hincrby(self.names.attempts(job_id), str(segment), 1))
+
+    async def mark_running(self, job_id: str) -> bool:
+        n = self.names
+        data = json.dumps({"at": time.time()})
+        return bool(
+            await self._mark_running(
+                [n.job(job_id), n.events(job_id)], [time.time(), self.events_maxlen, data]
+            )
+        )
+
+    # --- the assembler ------------------------------------------------------------------------------
+
+    async def add_delta(self, chunk: AudioChunk) -> str:
+        n = self.names
+        keys = [
+            n.job(chunk.job_id),
+            n.done_segments(chunk.job_id),
+            n.deltas(chunk.job_id, chunk.segment, chunk.attempt),
+            n.scratch_keys(chunk.job_id),
+        ]
+        result = await self._add_delta(keys, [chunk.segment, chunk.seq, int(chunk.final), chunk.pcm])
+        return result.decode()
+
+    async def deltas(self, job_id: str, segment: int, attempt: int) -> list[bytes]:
+        """The delta PCM pieces of one attempt, in chunk order."""
+        raw = await self.redis.hgetall(self.names.deltas(job_id, segment, attempt))
+        pieces = sorted((int(k), v) for k, v in raw.items() if k != b"n")
+        return [v for _, v in pieces]
+
+    async def segment_done(
+        self, job_id: str, segment: int, attempt: int, samples: int, seconds: float
+    ) -> SegmentResult:
+        """Record a segment's audio as persisted (once); emits 'segment' and throttled 'progress' events."""
+        n = self.names
+        keys = [
+            n.job(job_id),
+            n.done_segments(job_id),
+            n.events(job_id),
+            n.deltas(job_id, segment, attempt),
+            n.scratch_keys(job_id),
+        ]
+        args = [
+            segment,
+            attempt,
+            samples,
+            repr(seconds),
+            time.time(),
+            self.events_maxlen,
+            PROGRESS_EVENTS_PER_JOB,
+        ]
+        applied, done, total = await self._segment_done(keys, args)
+        return SegmentResult(bool(applied), int(done), int(total))
+
+    # --- endings ------------------------------------------------------------------------------------
+
+    async def _end(
+        self, job_id: str, status: JobStatus, event: EventType, data: dict, error: str = "", require: str = ""
+    ) -> bool:
+        n = self.names
+        keys = [n.job(job_id), n.events(job_id), *n.job_keys(job_id)[1:]]
+        args = [
+            status.value,
+            event.value,
+            json.dumps(data),
+            time.time(),
+            error,
+            self.events_maxlen,
+            self.result_ttl_s,
+            require,
+        ]
+        changed = bool(await self._end_job(keys, args))
+        if changed:
+            await self.clear_scratch(job_id)
+        return changed
+
+    async def fail(self, job_id: str, reason: str) -> bool:
+        return await self._end(job_id, JobStatus.FAILED, EventType.FAILED, {"error": reason}, error=reason)
+
+    async def cancel(self, job_id: str) -> bool:
+        return await self._end(job_id, JobStatus.CANCELLED, EventType.CANCELLED, {})
+
+    async def finish(self, job_id: str, audio_key: str, duration_s: float, audio_url: str) -> bool:
+        # the file's key first: a client that sees 'done' must find it
+        await self.redis.hset(
+            self.names.job(job_id), mapping={"audio_key": audio_key, "duration_s": repr(duration_s)}
+        )
+        data = {"audio_url": audio_url, "duration_s": duration_s}
+        return await self._end(
+            job_id, JobStatus.DONE, EventType.DONE, data, require=JobStatus.FINALIZING.value
+        )
+
+    async def clear_scratch(self, job_id: str) -> None:
+        scratch = self.names.scratch_keys(job_id)
+        keys = await self.redis.smembers(scratch)
+        if keys:
+            await self.redis.delete(*keys)
+        await self.redis.delete(scratch)

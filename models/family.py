@@ -1,0 +1,103 @@
+"""The two-stage codec-LM family: a decoder-only LM whose output tokens are audio-codec codes.
+
+A family is data: how the prompt is built, which token ids are codes of which frame position, the
+stop tokens, the codec's frame rate and sample rate, and sampling defaults. Orpheus (Llama-3.2-3B +
+SNAC 24 kHz) is one instance; the ``tiny`` test model uses exactly its layout.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+
+class InvalidCodeError(ValueError):
+    """The LM produced a token that is not a valid code for its frame position."""
+
+
+class TextTokenizer(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class TokenLayout:
+    """Where codes live in the LM's vocabulary.
+
+    The code ``c`` at frame position ``p`` is token ``code_base + p * position_stride + c``
+    (Orpheus: 7 positions, stride 4096; a single-codebook family: 1 position).
+    """
+
+    code_base: int
+    codebook_size: int
+    codes_per_frame: int
+    position_stride: int
+    stop_token_ids: tuple[int, ...]
+
+    def offsets(self) -> np.ndarray:
+        return self.code_base + np.arange(self.codes_per_frame, dtype=np.int64) * self.position_stride
+
+    def allowed_range(self, position: int) -> tuple[int, int]:
+        """Token ids [lo, hi) that are valid codes at frame position ``position``."""
+        lo = self.code_base + position * self.position_stride
+        return lo, lo + self.codebook_size
+
+    def tokens_to_frames(self, tokens: Sequence[int]) -> np.ndarray:
+        """Whole frames of codes ([n, codes_per_frame] int32) from code tokens; raises on invalid ones."""
+        arr = np.asarray(tokens, dtype=np.int64)
+        if arr.size % self.codes_per_frame:
+            raise ValueError("tokens_to_frames needs whole frames")
+        frames = arr.reshape(-1, self.codes_per_frame) - self.offsets()
+        bad = (frames < 0) | (frames >= self.codebook_size)
+        if bad.any():
+            row, pos = (int(i) for i in np.argwhere(bad)[0])
+            raise InvalidCodeError(
+                f"token {int(arr[row * self.codes_per_frame + pos])} at frame {row} position {pos} "
+                f"is not a code for that position (valid: {self.allowed_range(pos)})"
+            )
+        return frames.astype(np.int32)
+
+    def frames_to_tokens(self, frames: np.ndarray) -> list[int]:
+        return (np.asarray(frames, dtype=np.int64) + self.offsets()).reshape(-1).tolist()
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    temperature: float = 0.6
+    top_p: float = 0.8
+    top_k: int = 0
+    repetition_penalty: float = 1.3
+
+
+@dataclass(frozen=True)
+class CodecLMFamily:
+    name: str
+    layout: TokenLayout
+    #: Audio samples per codec frame, and the codec's sample rate.
+    samples_per_frame: int
+    sample_rate: int
+    #: Token ids around the text prompt: [*prefix, *tokenize(f"{voice}: {text}"), *suffix].
+    prompt_prefix: tuple[int, ...]
+    prompt_suffix: tuple[int, ...]
+    voices: tuple[str, ...]
+    default_voice: str
+    sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
+    #: Generation budget: frames per character of text (a bound, not a target), plus a floor.
+    max_frames_per_char: float = 1.7
+    min_frames: int = 12
+    #: Frame positions that feed each codec level, for codecs with several levels (SNAC).
+    codec_levels: tuple[tuple[int, ...], ...] = ((0,),)
+
+    @property
+    def frame_seconds(self) -> float:
+        return self.samples_per_frame / self.sample_rate
+
+    def build_prompt(self, tokenizer: TextTokenizer, text: str, voice: str) -> list[int]:
+        return [*self.prompt_prefix, *tokenizer.encode(f"{voice}: {text}"), *self.prompt_suffix]
+
+    def max_tokens(self, text: str) -> int:
+        frames = max(self.min_frames, math.ceil(len(text) * self.max_frames_per_char))
+        return frames * self.layout.codes_per_frame + 1  # +1: room for the stop token

@@ -1,0 +1,121 @@
+"""The models a fleet can serve, and how each one's parts are loaded from a local directory.
+
+A model = a family (data: token layout, codec shape, voices, sampling) + where its checkpoint lives.
+``tiny`` is built from a fixed seed into the data directory on first use; ``orpheus`` is a local copy
+of an Orpheus checkpoint (NARRATE_ORPHEUS_DIR: the LM + tokenizer, the SNAC codec in ``snac/``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleet.settings import Settings
+from models.family import CodecLMFamily
+from models.orpheus import orpheus_family
+
+
+class UnknownModelError(KeyError):
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    family: CodecLMFamily
+    description: str
+    #: The checkpoint directory for these settings (built if need be), or None if not configured.
+    locate: Callable[[Settings], Path | None]
+
+    def checkpoint(self, settings: Settings) -> Path:
+        path = self.locate(settings)
+        if path is None:
+            raise UnknownModelError(f"model {self.name!r} has no checkpoint configured")
+        return path
+
+
+def _tiny_dir(settings: Settings) -> Path:
+    from models.tiny import ensure_tiny_checkpoint
+
+    return ensure_tiny_checkpoint(settings.data_dir)
+
+
+MODELS: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        ModelSpec(
+            name="tiny",
+            # random weights never choose to stop: a tight length budget keeps test audio short
+            family=orpheus_family(name="tiny", max_frames_per_char=0.6, min_frames=8),
+            description="Orpheus layout at test size, random weights from a fixed seed (noise, not speech)",
+            locate=_tiny_dir,
+        ),
+        ModelSpec(
+            name="orpheus",
+            family=orpheus_family(name="orpheus"),
+            description="Orpheus 3B (Llama-3.2-3B + SNAC 24 kHz) from NARRATE_ORPHEUS_DIR",
+            locate=lambda s: s.orpheus_dir,
+        ),
+    )
+}
+
+
+def served_models(settings: Settings) -> dict[str, ModelSpec]:
+    """The models this fleet accepts jobs for: those named in settings.models that exist."""
+    unknown = [m for m in settings.model_names if m not in MODELS]
+    if unknown:
+        raise UnknownModelError(
+            f"unknown model(s) in NARRATE_MODELS: {', '.join(unknown)}; known: {', '.join(MODELS)}"
+        )
+    return {name: MODELS[name] for name in settings.model_names}
+
+
+def get_model(name: str, settings: Settings) -> ModelSpec:
+    served = served_models(settings)
+    if name not in served:
+        raise UnknownModelError(f"unknown model {name!r}; this fleet serves: {', '.join(served)}")
+    return served[name]
+
+
+# --- loaders (heavy imports stay inside) -------------------------------------------------------------
+
+
+class HFTextTokenizer:
+    """The checkpoint's own tokenizer (tokenizer.json & co.), loaded with transformers."""
+
+    def __init__(self, directory: Path) -> None:
+        from transformers import AutoTokenizer
+
+        self._tok = AutoTokenizer.from_pretrained(str(directory))
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok(text).input_ids)
+
+
+def load_tokenizer(spec: ModelSpec, settings: Settings) -> HFTextTokenizer:
+    return HFTextTokenizer(spec.checkpoint(settings))
+
+
+def load_codec(spec: ModelSpec, settings: Settings):
+    from models.snac_codec import SnacCodec
+
+    return SnacCodec.load(
+        spec.checkpoint(settings) / "snac", spec.family.codec_levels, device=settings.device
+    )
+
+
+def load_engine(spec: ModelSpec, settings: Settings):
+    """The AR engine named by settings.engine, over the model's LM checkpoint."""
+    if settings.engine == "reference":
+        from models.engines.reference import ReferenceEngine
+
+        return ReferenceEngine(
+            spec.checkpoint(settings), max_num_seqs=settings.max_num_seqs, device=settings.device
+        )
+    if settings.engine == "vllm":
+        from models.engines.vllm_engine import VllmEngine
+
+        return VllmEngine(spec.checkpoint(settings), settings)
+    raise ValueError(f"unknown engine {settings.engine!r} (use 'reference' or 'vllm')")

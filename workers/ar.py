@@ -1,0 +1,224 @@
+"""Stage 0, the AR worker: segment tasks in, chunks of codec codes out; keeps its engine full.
+
+``SegmentSynthesizer`` is the compute (engine + family + chunker; no Redis). ``ARWorker`` is the
+transport: it pulls tasks from the model's task stream whenever engine slots are free (continuous
+batching across jobs), runs each segment as its own asyncio task, publishes one stream entry per
+window (never per token), acks when the final window is out, and aborts the engine requests of jobs
+that were cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from fleet.messages import CodeChunk, MessageError, SegmentTask
+from fleet.names import AR_GROUP
+from fleet.settings import Settings
+from models.engines.base import Engine, FrameConstraint, SamplingParams
+from models.family import CodecLMFamily, InvalidCodeError, TextTokenizer
+from models.streaming import FrameChunker, Window
+from workers.consumer import Delivery, StreamConsumer, consumer_name
+from workers.runtime import WorkerContext, every
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StreamingConfig:
+    chunk_frames: int
+    first_chunk_frames: int
+    left_context: int
+    lookahead: int
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> StreamingConfig:
+        return cls(s.chunk_frames, s.first_chunk_frames, s.left_context_frames, s.lookahead_frames)
+
+
+class SegmentSynthesizer:
+    """One segment task -> the code windows of its audio, as the engine streams tokens."""
+
+    def __init__(
+        self, family: CodecLMFamily, tokenizer: TextTokenizer, engine: Engine, streaming: StreamingConfig
+    ) -> None:
+        self.family = family
+        self.tokenizer = tokenizer
+        self.engine = engine
+        self.streaming = streaming
+
+    def sampling_params(self, task: SegmentTask) -> SamplingParams:
+        d = self.family.sampling
+        return SamplingParams(
+            max_tokens=self.family.max_tokens(task.text),
+            temperature=d.temperature,
+            top_p=d.top_p,
+            top_k=d.top_k,
+            repetition_penalty=d.repetition_penalty,
+            seed=task.seed,
+            stop_token_ids=self.family.layout.stop_token_ids,
+            constraint=FrameConstraint(self.family.layout),
+        )
+
+    async def windows(self, task: SegmentTask, request_id: str) -> AsyncIterator[list[Window]]:
+        s = self.streaming
+        chunker = FrameChunker(
+            self.family.layout,
+            chunk_frames=s.chunk_frames,
+            first_chunk_frames=s.first_chunk_frames,
+            left_context=s.left_context,
+            lookahead=s.lookahead,
+        )
+        prompt = self.family.build_prompt(self.tokenizer, task.text, task.voice)
+        async for delta in self.engine.generate(request_id, prompt, self.sampling_params(task)):
+            ready = chunker.feed(delta.token_ids)
+            if ready:
+                yield ready
+        yield chunker.finish()
+
+
+class ARWorker:
+    def __init__(self, ctx: WorkerContext, model: str, synth: SegmentSynthesizer, max_in_flight: int) -> None:
+        self.ctx = ctx
+        self.model = model
+        self.synth = synth
+        self.max_in_flight = max_in_flight
+        self.consumer = StreamConsumer(
+            ctx.redis,
+            [ctx.names.tasks(model)],
+            AR_GROUP,
+            consumer_name(f"ar-{model}"),
+            dead_letter_stream=ctx.names.dead_letters(),
+            reclaim_idle_ms=ctx.settings.reclaim_idle_ms,
+            max_deliveries=ctx.settings.max_deliveries,
+        )
+        self.codes_stream = ctx.names.codes(model)
+        self._segments: dict[asyncio.Task, str] = {}  # in-flight segment task -> job id
+        self._ended_jobs: set[str] = set()
+        self._slot_freed = asyncio.Event()
+
+    async def run(self) -> None:
+        await self.consumer.setup()
+        stop = self.ctx.stop
+        chores = [
+            asyncio.create_task(self.consumer.lease_loop(stop)),
+            asyncio.create_task(every(0.25, stop, self._abort_ended_jobs, "cancel check")),
+        ]
+        log.info("AR worker for %s: up to %d segments in flight", self.model, self.max_in_flight)
+        try:
+            while not stop.is_set():
+                free = self.max_in_flight - len(self._segments)
+                if free <= 0:
+                    self._slot_freed.clear()
+                    await _first(self._slot_freed.wait(), stop.wait())
+                    continue
+                for delivery in await self.consumer.read(free, self.ctx.settings.block_ms):
+                    task = asyncio.create_task(self._handle(delivery))
+                    self._segments[task] = ""
+                    task.add_done_callback(self._segment_finished)
+        finally:
+            # Hand back what we hold: unacked entries are reclaimed by another worker.
+            for task in list(self._segments):
+                task.cancel()
+            await asyncio.gather(*self._segments, return_exceptions=True)
+            await asyncio.gather(*chores, return_exceptions=True)
+
+    def _segment_finished(self, task: asyncio.Task) -> None:
+        self._segments.pop(task, None)
+        self._slot_freed.set()
+
+    async def _abort_ended_jobs(self) -> None:
+        jobs = {job for job in self._segments.values() if job}
+        if not jobs:
+            return
+        for job_id, status in (await self.ctx.store.statuses(jobs)).items():
+            if status is None or status.terminal:
+                self._ended_jobs.add(job_id)
+                for task, job in list(self._segments.items()):
+                    if job == job_id:
+                        task.cancel()  # leaving engine.generate aborts the request in the engine
+
+    async def _handle(self, delivery: Delivery) -> None:
+        try:
+            task = SegmentTask.decode(delivery.fields)
+        except MessageError as exc:
+            await self._fail_unreadable(delivery, exc)
+            return
+        status = await self.ctx.store.status(task.job_id)
+        if status is None or status.terminal:
+            await self.consumer.ack(delivery)  # cancelled or gone: drop, spend nothing
+            return
+        current = asyncio.current_task()
+        self._segments[current] = task.job_id
+        attempt = await self.ctx.store.next_attempt(task.job_id, task.segment)
+        await self.ctx.store.mark_running(task.job_id)
+        request_id = f"{task.job_id}:{task.segment}:{attempt}"
+        try:
+            async for windows in self.synth.windows(task, request_id):
+                await self._publish(task, attempt, windows)
+            await self.consumer.ack(delivery)
+        except asyncio.CancelledError:
+            if task.job_id in self._ended_jobs:
+                await self.consumer.ack(delivery)
+            raise
+        except InvalidCodeError as exc:
+            await self.consumer.dead_letter(delivery, str(exc))
+            await self.ctx.store.fail(
+                task.job_id, f"segment {task.segment}: the model produced invalid codes ({exc})"
+            )
+        except Exception as exc:  # noqa: BLE001 - EngineError and the unforeseen: retry via redelivery
+            log.exception("segment %s failed (attempt %d); it will be retried", request_id, attempt)
+            self.consumer.release(delivery)
+            if delivery.deliveries >= self.ctx.settings.max_deliveries:
+                await self.consumer.dead_letter(delivery, f"{type(exc).__name__}: {exc}")
+                await self.ctx.store.fail(
+                    task.job_id, f"segment {task.segment} failed {delivery.deliveries} times: {exc}"
+                )
+
+    async def _publish(self, task: SegmentTask, attempt: int, windows: list[Window]) -> None:
+        pipe = self.ctx.redis.pipeline(transaction=False)
+        for w in windows:
+            chunk = CodeChunk(
+                job_id=task.job_id,
+                segment=task.segment,
+                attempt=attempt,
+                seq=w.seq,
+                model=task.model,
+                left=w.left,
+                right=w.right,
+                final=w.final,
+                frames=w.frames,
+            )
+            pipe.xadd(self.codes_stream, chunk.encode())
+        await pipe.execute()
+
+    async def _fail_unreadable(self, delivery: Delivery, exc: Exception) -> None:
+        job_id = await self.consumer.dead_letter(delivery, f"unreadable segment task: {exc}")
+        if job_id:
+            await self.ctx.store.fail(job_id, f"a segment task could not be read: {exc}")
+
+
+async def _first(*aws) -> None:
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def run_ar_worker(ctx: WorkerContext, model: str) -> None:
+    from models.registry import get_model, load_engine, load_tokenizer
+    from workers.runtime import configure_torch
+
+    configure_torch(ctx.settings)
+    spec = get_model(model, ctx.settings)
+    engine = await asyncio.to_thread(load_engine, spec, ctx.settings)
+    tokenizer = await asyncio.to_thread(load_tokenizer, spec, ctx.settings)
+    synth = SegmentSynthesizer(spec.family, tokenizer, engine, StreamingConfig.from_settings(ctx.settings))
+    try:
+        await ARWorker(ctx, model, synth, engine.max_num_seqs).run()
+    finally:
+        await engine.shutdown()

@@ -1,0 +1,119 @@
+"""Stage 1, the decoder worker: code chunks in, delta PCM out.
+
+Reads up to ``decode_batch`` chunks at a time (from any job), decodes windows of equal length as one
+batch, trims each window's left context and look-ahead, and publishes only the new samples (I1).
+A chunk carries all the context it needs, so the decoder keeps no per-request state (I5) and any
+decoder can take any chunk. Chunks of jobs that ended are dropped undecoded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Protocol
+
+import numpy as np
+
+from fleet.messages import AudioChunk, CodeChunk, MessageError
+from fleet.names import DECODER_GROUP
+from models.snac_codec import to_pcm16
+from workers.consumer import Delivery, StreamConsumer, consumer_name
+from workers.runtime import WorkerContext
+
+log = logging.getLogger(__name__)
+
+
+class Codec(Protocol):
+    sample_rate: int
+
+    def decode_windows(self, windows: list[tuple[np.ndarray, int, int]]) -> list[np.ndarray]: ...
+
+
+def decode_chunks(codecs: dict[str, Codec], chunks: list[CodeChunk]) -> list[AudioChunk]:
+    """The compute: each chunk's new audio, batched per model (no Redis here)."""
+    out: dict[int, AudioChunk] = {}
+    by_model: dict[str, list[int]] = {}
+    for i, chunk in enumerate(chunks):
+        by_model.setdefault(chunk.model, []).append(i)
+    for model, idx in by_model.items():
+        codec = codecs[model]
+        audio = codec.decode_windows([(chunks[i].frames, chunks[i].left, chunks[i].right) for i in idx])
+        for i, samples in zip(idx, audio, strict=True):
+            c = chunks[i]
+            out[i] = AudioChunk(
+                c.job_id, c.segment, c.attempt, c.seq, c.final, codec.sample_rate, to_pcm16(samples)
+            )
+    return [out[i] for i in range(len(chunks))]
+
+
+class DecoderWorker:
+    def __init__(self, ctx: WorkerContext, codecs: dict[str, Codec]) -> None:
+        self.ctx = ctx
+        self.codecs = codecs
+        self.consumer = StreamConsumer(
+            ctx.redis,
+            [ctx.names.codes(m) for m in codecs],
+            DECODER_GROUP,
+            consumer_name("decoder"),
+            dead_letter_stream=ctx.names.dead_letters(),
+            reclaim_idle_ms=ctx.settings.reclaim_idle_ms,
+            max_deliveries=ctx.settings.max_deliveries,
+        )
+
+    async def run(self) -> None:
+        await self.consumer.setup()
+        lease = asyncio.create_task(self.consumer.lease_loop(self.ctx.stop))
+        log.info("decoder for %s", ", ".join(self.codecs))
+        try:
+            while not self.ctx.stop.is_set():
+                deliveries = await self.consumer.read(
+                    self.ctx.settings.decode_batch, self.ctx.settings.block_ms
+                )
+                if deliveries:
+                    await self.process(deliveries)
+        finally:
+            lease.cancel()
+            await asyncio.gather(lease, return_exceptions=True)
+
+    async def process(self, deliveries: list[Delivery]) -> None:
+        # 1) parse; unreadable entries are dead-lettered and fail their job
+        work: list[tuple[Delivery, CodeChunk]] = []
+        for d in deliveries:
+            try:
+                chunk = CodeChunk.decode(d.fields)
+                if chunk.model not in self.codecs:
+                    raise MessageError(f"this decoder does not serve model {chunk.model!r}")
+                work.append((d, chunk))
+            except MessageError as exc:
+                job_id = await self.consumer.dead_letter(d, f"unreadable code chunk: {exc}")
+                if job_id:
+                    await self.ctx.store.fail(job_id, f"a code chunk could not be read: {exc}")
+        # 2) drop chunks of jobs that ended (cancelled, failed) or vanished
+        statuses = await self.ctx.store.statuses({c.job_id for _, c in work})
+        dropped = [d for d, c in work if statuses[c.job_id] is None or statuses[c.job_id].terminal]
+        work = [(d, c) for d, c in work if not (statuses[c.job_id] is None or statuses[c.job_id].terminal)]
+        # 3) decode in a thread (the event loop keeps renewing leases), 4) publish, then 5) ack
+        if work:
+            try:
+                audio = await asyncio.to_thread(decode_chunks, self.codecs, [c for _, c in work])
+            except Exception:  # noqa: BLE001 - leave the batch pending: it is redelivered, then dead-lettered
+                log.exception("decoding a batch of %d chunks failed", len(work))
+                self.consumer.release(*(d for d, _ in work))
+                await self.consumer.ack(*dropped)
+                return
+            pipe = self.ctx.redis.pipeline(transaction=False)
+            for chunk in audio:
+                pipe.xadd(self.ctx.names.audio(), chunk.encode())
+            await pipe.execute()
+        await self.consumer.ack(*dropped, *(d for d, _ in work))
+
+
+async def run_decoder_worker(ctx: WorkerContext, models: list[str]) -> None:
+    from models.registry import get_model, load_codec
+    from workers.runtime import configure_torch
+
+    configure_torch(ctx.settings)
+    codecs = {}
+    for model in models:
+        codecs[model] = await asyncio.to_thread(load_codec, get_model(model, ctx.settings), ctx.settings)
+    await DecoderWorker(ctx, codecs).run()

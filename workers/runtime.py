@@ -1,0 +1,77 @@
+"""What every worker process shares: settings, connections, the job store, signals, a periodic task."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+from fleet.names import Names
+from fleet.redis import async_client
+from fleet.settings import Settings
+from fleet.storage import Storage, storage_from_settings
+from jobs.store import JobStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerContext:
+    settings: Settings
+    redis: aioredis.Redis
+    names: Names
+    store: JobStore
+    storage: Storage
+    stop: asyncio.Event
+
+    @classmethod
+    def create(cls, settings: Settings) -> WorkerContext:
+        redis = async_client(settings)
+        names = Names(settings.key_prefix)
+        store = JobStore(
+            redis, names, events_maxlen=settings.events_maxlen, result_ttl_s=settings.result_ttl_s
+        )
+        return cls(settings, redis, names, store, storage_from_settings(settings), asyncio.Event())
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+
+def configure_torch(settings: Settings) -> None:
+    import torch
+
+    if settings.torch_threads > 0:
+        torch.set_num_threads(settings.torch_threads)
+
+
+def run_worker(settings: Settings, main: Callable[[WorkerContext], Awaitable[None]]) -> int:
+    """Run ``main`` until it returns or SIGTERM/SIGINT asks it to stop (it should then wind down)."""
+
+    async def runner() -> None:
+        ctx = WorkerContext.create(settings)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, ctx.stop.set)
+        try:
+            await main(ctx)
+        finally:
+            await ctx.close()
+
+    asyncio.run(runner())
+    return 0
+
+
+async def every(interval_s: float, stop: asyncio.Event, fn: Callable[[], Awaitable[None]], what: str) -> None:
+    """Call ``fn`` every ``interval_s`` until ``stop``; log and survive its errors."""
+    while not stop.is_set():
+        try:
+            await fn()
+        except Exception:  # noqa: BLE001 - a periodic chore must not kill the worker
+            log.exception("%s failed", what)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval_s)
