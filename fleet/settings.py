@@ -20,7 +20,7 @@ def _default_data_dir() -> Path:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="NARRATE_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(env_prefix="NARRATE_", extra="ignore", frozen=True, populate_by_name=True)
 
     # --- connections -------------------------------------------------------------------------
     #: Redis/Valkey URL. Unset: the fleet commands start a private Valkey in ``data_dir``.

@@ -215,7 +215,7 @@ _NON_FINAL_ABBREVIATIONS = frozenset(
 )
 _TERMINATOR = re.compile(r"[.!?…。！？]+[\"'”’)\]»›]*")
 _CJK_FINAL = frozenset("。！？")
-_OPENERS = "\"'“‘([«‹¿¡"
+_OPENERS = "\"'“‘([«‹¿¡*_"  # may precede a sentence's first letter
 
 
 def _is_boundary(text: str, term: re.Match[str], para_end: int) -> tuple[bool, int]:

@@ -5,6 +5,10 @@ in eval mode): with it off, a retried or re-decoded chunk gives bit-identical au
 output equals an offline decode (invariant I1). Measured receptive field of SNAC 24 kHz (random
 weights, fp32): a window edge disturbs the 3 nearest frames on either side and nothing beyond
 (error < 1e-6 at 3 frames), hence the defaults left_context_frames=4, lookahead_frames=3.
+
+On the CPU with one intra-op thread (the workers' default) a window's audio does not depend on the
+windows batched with it; with more threads it moves in the last float bits (which can flip int16
+LSBs), so bit-identical audio across runs needs NARRATE_TORCH_THREADS=1.
 """
 
 from __future__ import annotations

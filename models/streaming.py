@@ -64,13 +64,11 @@ class FrameChunker:
 
     def feed(self, tokens: Iterable[int]) -> list[Window]:
         """Take newly generated tokens; return the windows that became complete."""
+        if self.stopped:
+            return []
         stops = self.layout.stop_token_ids
         for token in tokens:
-            if self.stopped:
-                break
             if token in stops:
-                self.dropped_tokens += len(self._partial)
-                self._partial.clear()
                 self.stopped = True
                 break
             self._partial.append(token)
@@ -80,6 +78,9 @@ class FrameChunker:
             del self._partial[:whole]
             self._frames.append(frames)
             self._n_frames += frames.shape[0]
+        if self.stopped:  # a stop inside a frame: its partial frame is not audio
+            self.dropped_tokens += len(self._partial)
+            self._partial.clear()
         return self._ready()
 
     def finish(self) -> list[Window]:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from fleet.messages import AudioChunk, MessageError
 from fleet.names import ASSEMBLER_GROUP, part_object
+from fleet.settings import Settings
 from jobs.finalize import enqueue_finalize
 from workers.consumer import Delivery, StreamConsumer, consumer_name
 from workers.runtime import WorkerContext
@@ -22,8 +24,9 @@ log = logging.getLogger(__name__)
 
 
 class Assembler:
-    def __init__(self, ctx: WorkerContext) -> None:
+    def __init__(self, ctx: WorkerContext, enqueue: Callable[[Settings, str], None] = enqueue_finalize) -> None:
         self.ctx = ctx
+        self.enqueue = enqueue  # queues the finalize job (RQ); idempotent
         self.consumer = StreamConsumer(
             ctx.redis,
             [ctx.names.audio()],
@@ -58,7 +61,7 @@ class Assembler:
             if state == "complete":
                 await self.complete_segment(chunk)
             elif state == "finalizing":  # a redelivery after the last segment: make sure finalize is queued
-                await asyncio.to_thread(enqueue_finalize, self.ctx.settings, chunk.job_id)
+                await asyncio.to_thread(self.enqueue, self.ctx.settings, chunk.job_id)
         except Exception:  # noqa: BLE001 - leave it pending: redelivered, then dead-lettered
             log.exception("assembling %s segment %d failed", chunk.job_id, chunk.segment)
             self.consumer.release(delivery)
@@ -76,7 +79,7 @@ class Assembler:
         )
         if result.job_complete:
             log.info("job %s: all %d segments assembled", chunk.job_id, result.total)
-            await asyncio.to_thread(enqueue_finalize, self.ctx.settings, chunk.job_id)
+            await asyncio.to_thread(self.enqueue, self.ctx.settings, chunk.job_id)
 
 
 async def run_assembler(ctx: WorkerContext) -> None:

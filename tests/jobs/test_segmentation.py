@@ -1,0 +1,115 @@
+from __future__ import annotations
+
+import pytest
+
+from jobs.segmentation import Pause, Plan, plan_text
+
+
+def texts(source: str, **kw) -> list[str]:
+    return [s.text for s in plan_text(source, **kw).segments]
+
+
+def test_abbreviations_decimals_quotes_and_ellipses_do_not_split():
+    source = (
+        'Dr. Smith paid $3.50 for it, e.g. on Monday. "Is it done?" she asked... He left. '
+        "Mr. O'Neil arrived at 5 p.m. today. The U.S.A. is big. J. R. R. Tolkien wrote it."
+    )
+    assert texts(source) == [
+        "Dr. Smith paid $3.50 for it, e.g. on Monday.",
+        '"Is it done?" she asked...',
+        "He left.",
+        "Mr. O'Neil arrived at 5 p.m. today.",
+        "The U.S.A. is big.",
+        "J. R. R. Tolkien wrote it.",
+    ]
+
+
+def test_sentence_ending_in_a_quote_and_exclamations():
+    assert texts('He said "stop." Then he ran! Why? "Because."') == ['He said "stop."', "Then he ran!", "Why?", '"Because."']
+
+
+def test_unicode_and_scripts_without_case():
+    assert texts("Ça va? Très bien… ok. 中文句子。第二句！Über alles.") == ["Ça va?", "Très bien… ok.", "中文句子。", "第二句！", "Über alles."]
+    assert texts("Très bien… Ok.") == ["Très bien…", "Ok."]
+
+
+def test_original_text_of_every_segment_is_recoverable():
+    source = "# Title\n\nOne *bold* [link](http://x).  Two\nlines here.\n\n- item one. Item two\n"
+    plan = plan_text(source)
+    assert [source[s.start : s.end] for s in plan.segments] == [
+        "Title",
+        "One *bold* [link](http://x).",
+        "Two\nlines here.",
+        "item one.",
+        "Item two",
+    ]
+    assert [s.text for s in plan.segments] == ["Title", "One bold link.", "Two lines here.", "item one.", "Item two"]
+
+
+def test_paragraphs_chapters_and_pauses():
+    source = "Preface line.\n\n# Chapter One\n\nFirst. Second.\n\nThird.\n\nCHAPTER IV\n\nFourth.\n\nChapter 12: The End\nFifth."
+    plan = plan_text(source)
+    assert [c.title for c in plan.chapters] == ["", "Chapter One", "CHAPTER IV", "Chapter 12: The End"]
+    by_text = {s.text: s for s in plan.segments}
+    assert by_text["Preface line."].pause_after is Pause.CHAPTER
+    assert by_text["Chapter One"].heading and by_text["Chapter One"].pause_after is Pause.PARAGRAPH
+    assert by_text["First."].pause_after is Pause.SENTENCE
+    assert by_text["Second."].pause_after is Pause.PARAGRAPH
+    assert by_text["Third."].pause_after is Pause.CHAPTER
+    assert by_text["Fifth."].pause_after is Pause.END
+    assert [s.chapter for s in plan.segments] == [0, 1, 1, 1, 1, 2, 2, 3, 3]
+    assert plan.segments[-1].paragraph > plan.segments[0].paragraph
+    assert [c.first_segment for c in plan.chapters] == [0, 1, 5, 7]
+
+
+def test_plain_text_keeps_markup_characters():
+    plan = plan_text("# not a heading in plain text. *Stars* stay.", markdown=False)
+    assert [s.text for s in plan.segments] == ["# not a heading in plain text.", "*Stars* stay."]
+
+
+def test_code_blocks_and_rules_are_not_narrated():
+    plan = plan_text("Before.\n\n```\nprint('x')\n```\n\n---\n\nAfter.")
+    assert [s.text for s in plan.segments] == ["Before.", "After."]
+
+
+@pytest.mark.parametrize(("max_chars", "clauses_fit"), [(40, False), (80, True), (120, True)])
+def test_over_long_sentences_split_at_clause_boundaries(max_chars, clauses_fit):
+    sentence = (
+        "This sentence goes on and on; it has clauses, many of them, and more words — more than anyone "
+        "would like, because it was written to test the splitter: with commas, semicolons and colons until it ends."
+    )
+    plan = plan_text(sentence, max_chars=max_chars)
+    pieces = [sentence[s.start : s.end] for s in plan.segments]
+    assert len(pieces) > 1
+    assert all(len(p) <= max_chars for p in pieces)
+    assert " ".join(pieces) == sentence  # nothing lost, nothing repeated
+    if clauses_fit:  # else some clause is longer than the limit and is cut between words
+        assert all(p[-1] in ",;:—." for p in pieces), pieces
+
+
+def test_unbreakable_run_is_cut_at_the_limit():
+    url = "https://example.com/" + "a" * 150
+    plan = plan_text(url, max_chars=50)
+    assert "".join(s.text for s in plan.segments) == url
+    assert all(len(s.text) <= 50 for s in plan.segments)
+
+
+def test_empty_and_markup_only_texts_have_no_segments():
+    assert plan_text("   \n\n  ").segments == []
+    assert plan_text("```\ncode\n```").segments == []
+
+
+def test_plan_round_trips_through_json():
+    plan = plan_text("# A\n\nOne. Two.\n\n# B\n\nThree.")
+    again = Plan.from_json(plan.to_json())
+    assert again.segments == plan.segments and again.chapters == plan.chapters
+
+
+def test_segmentation_is_linear_enough_for_a_book():
+    import time
+
+    book = ("It was late. Dr. Reed said so, e.g. twice; nobody listened... The end came at 3.14 a.m.\n\n") * 5000
+    start = time.perf_counter()
+    plan = plan_text(book)
+    assert len(plan.segments) == 15000
+    assert time.perf_counter() - start < 20  # a generous bound: pysbd took ~100 s for a third of this
