@@ -105,7 +105,7 @@ def cmd_fleet(args: argparse.Namespace, settings: Settings) -> int:
             models=list(settings.model_names),
             api_port=args.port,
         )
-        supervisor = Supervisor(children, child_env(settings.redis_url))
+        supervisor = Supervisor(children, child_env(settings))
         stack.callback(supervisor.stop)
         supervisor.start()
         log.info("fleet running (Redis %s); Ctrl-C stops it", settings.redis_url)
@@ -141,7 +141,7 @@ def cmd_file(args: argparse.Namespace, settings: Settings) -> int:
         children = fleet_children(
             api=False, ar_workers=1, decoders=1, assemblers=1, finalizers=1, models=[model]
         )
-        supervisor = Supervisor(children, child_env(settings.redis_url), log_dir=settings.data_dir / "logs")
+        supervisor = Supervisor(children, child_env(settings), log_dir=settings.data_dir / "logs")
         stack.callback(supervisor.stop)
         supervisor.start()
         try:

@@ -20,7 +20,9 @@ def _default_data_dir() -> Path:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="NARRATE_", extra="ignore", frozen=True, populate_by_name=True)
+    model_config = SettingsConfigDict(
+        env_prefix="NARRATE_", extra="ignore", frozen=True, populate_by_name=True
+    )
 
     # --- connections -------------------------------------------------------------------------
     #: Redis/Valkey URL. Unset: the fleet commands start a private Valkey in ``data_dir``.
@@ -100,6 +102,16 @@ class Settings(BaseSettings):
     api_port: int = 8000
     #: SSE keep-alive ping interval, seconds.
     sse_ping_s: int = 15
+
+    def to_env(self) -> dict[str, str]:
+        """These settings as environment variables, for child processes."""
+        env = {}
+        for name, value in self.model_dump().items():
+            if value is None:
+                continue
+            key = "REDIS_URL" if name == "redis_url" else f"NARRATE_{name.upper()}"
+            env[key] = str(value)
+        return env
 
     @property
     def model_names(self) -> tuple[str, ...]:

@@ -119,9 +119,9 @@ def fleet_children(
     return children
 
 
-def child_env(redis_url: str | None) -> dict[str, str]:
+def child_env(settings) -> dict[str, str]:
+    """The parent's environment plus every setting, so children see exactly the parent's settings."""
     env = dict(os.environ)
-    if redis_url:
-        env["REDIS_URL"] = redis_url
+    env.update(settings.to_env())
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env

@@ -20,7 +20,11 @@ ADD_DELTA = """
 local status = redis.call('HGET', KEYS[1], 'status')
 if status == 'finalizing' then return 'finalizing' end
 if status ~= 'queued' and status ~= 'running' then return 'dropped' end
-if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 'stale' end
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then
+  redis.call('DEL', KEYS[3])  -- a superseded attempt: drop what it sent so far
+  redis.call('SREM', KEYS[4], KEYS[3])
+  return 'stale'
+end
 redis.call('HSET', KEYS[3], ARGV[2], ARGV[4])
 if ARGV[3] == '1' then redis.call('HSET', KEYS[3], 'n', tonumber(ARGV[2]) + 1) end
 redis.call('SADD', KEYS[4], KEYS[3])

@@ -83,7 +83,9 @@ def delete_prefix(url: str, prefix: str) -> None:
 @pytest.fixture
 def make_settings(redis_url: str, data_dir: Path, tiny_dir: Path):
     def make(prefix: str, **overrides) -> Settings:
-        values = dict(redis_url=redis_url, key_prefix=prefix, data_dir=data_dir, reclaim_idle_ms=5000, block_ms=200)
+        values = dict(
+            redis_url=redis_url, key_prefix=prefix, data_dir=data_dir, reclaim_idle_ms=5000, block_ms=200
+        )
         values.update(overrides)
         return Settings(**values)
 

@@ -24,7 +24,9 @@ log = logging.getLogger(__name__)
 
 
 class Assembler:
-    def __init__(self, ctx: WorkerContext, enqueue: Callable[[Settings, str], None] = enqueue_finalize) -> None:
+    def __init__(
+        self, ctx: WorkerContext, enqueue: Callable[[Settings, str], None] = enqueue_finalize
+    ) -> None:
         self.ctx = ctx
         self.enqueue = enqueue  # queues the finalize job (RQ); idempotent
         self.consumer = StreamConsumer(

@@ -19,7 +19,15 @@ def test_code_chunk_round_trip_keeps_codes_exactly():
     frames = np.arange(35, dtype=np.int32).reshape(5, 7) * 100
     chunk = CodeChunk("j", 1, 2, 0, "tiny", left=1, right=1, final=False, frames=frames)
     back = CodeChunk.decode(chunk.encode())
-    assert (back.job_id, back.segment, back.attempt, back.seq, back.left, back.right, back.final) == ("j", 1, 2, 0, 1, 1, False)
+    assert (back.job_id, back.segment, back.attempt, back.seq, back.left, back.right, back.final) == (
+        "j",
+        1,
+        2,
+        0,
+        1,
+        1,
+        False,
+    )
     assert back.frames.dtype == np.int32 and back.frames.shape == (5, 7)
     np.testing.assert_array_equal(back.frames, frames)
     assert back.new_frames == 3

@@ -25,11 +25,22 @@ def test_abbreviations_decimals_quotes_and_ellipses_do_not_split():
 
 
 def test_sentence_ending_in_a_quote_and_exclamations():
-    assert texts('He said "stop." Then he ran! Why? "Because."') == ['He said "stop."', "Then he ran!", "Why?", '"Because."']
+    assert texts('He said "stop." Then he ran! Why? "Because."') == [
+        'He said "stop."',
+        "Then he ran!",
+        "Why?",
+        '"Because."',
+    ]
 
 
 def test_unicode_and_scripts_without_case():
-    assert texts("Ça va? Très bien… ok. 中文句子。第二句！Über alles.") == ["Ça va?", "Très bien… ok.", "中文句子。", "第二句！", "Über alles."]
+    assert texts("Ça va? Très bien… ok. 中文句子。第二句！Über alles.") == [
+        "Ça va?",
+        "Très bien… ok.",
+        "中文句子。",
+        "第二句！",
+        "Über alles.",
+    ]
     assert texts("Très bien… Ok.") == ["Très bien…", "Ok."]
 
 
@@ -43,7 +54,13 @@ def test_original_text_of_every_segment_is_recoverable():
         "item one.",
         "Item two",
     ]
-    assert [s.text for s in plan.segments] == ["Title", "One bold link.", "Two lines here.", "item one.", "Item two"]
+    assert [s.text for s in plan.segments] == [
+        "Title",
+        "One bold link.",
+        "Two lines here.",
+        "item one.",
+        "Item two",
+    ]
 
 
 def test_paragraphs_chapters_and_pauses():
@@ -108,7 +125,9 @@ def test_plan_round_trips_through_json():
 def test_segmentation_is_linear_enough_for_a_book():
     import time
 
-    book = ("It was late. Dr. Reed said so, e.g. twice; nobody listened... The end came at 3.14 a.m.\n\n") * 5000
+    book = (
+        "It was late. Dr. Reed said so, e.g. twice; nobody listened... The end came at 3.14 a.m.\n\n"
+    ) * 5000
     start = time.perf_counter()
     plan = plan_text(book)
     assert len(plan.segments) == 15000

@@ -54,7 +54,11 @@ def test_prompt_format_and_budget():
 def test_tiny_uses_exactly_the_orpheus_layout():
     tiny, real = MODELS["tiny"].family, MODELS["orpheus"].family
     assert tiny.layout == real.layout
-    assert (tiny.samples_per_frame, tiny.sample_rate, tiny.codec_levels) == (real.samples_per_frame, real.sample_rate, real.codec_levels)
+    assert (tiny.samples_per_frame, tiny.sample_rate, tiny.codec_levels) == (
+        real.samples_per_frame,
+        real.sample_rate,
+        real.codec_levels,
+    )
     assert tiny.prompt_prefix == real.prompt_prefix and tiny.prompt_suffix == real.prompt_suffix
 
 

@@ -89,7 +89,9 @@ def test_batch_invariance_and_seeded_reproducibility(tiny_dir):
         engine = ReferenceEngine(tiny_dir, max_num_seqs=4, max_model_len=512)
         alone = [await collect(engine, f"alone-{s}", PROMPT, params(seed=s)) for s in range(6)]
         # six at once through four slots: queued requests join as slots free up (continuous batching)
-        together = await asyncio.gather(*(collect(engine, f"batch-{s}", PROMPT, params(seed=s)) for s in range(6)))
+        together = await asyncio.gather(
+            *(collect(engine, f"batch-{s}", PROMPT, params(seed=s)) for s in range(6))
+        )
         await engine.shutdown()
         return alone, together
 
@@ -99,7 +101,9 @@ def test_batch_invariance_and_seeded_reproducibility(tiny_dir):
     for tokens in alone:
         assert len(tokens) == 71 or tokens[-1] == END_OF_SPEECH
         body = tokens[:-1] if tokens[-1] == END_OF_SPEECH else tokens
-        ORPHEUS_LAYOUT.tokens_to_frames(body[: len(body) - len(body) % 7])  # every code valid for its position
+        ORPHEUS_LAYOUT.tokens_to_frames(
+            body[: len(body) - len(body) % 7]
+        )  # every code valid for its position
 
 
 def test_greedy_is_deterministic_without_seed(tiny_dir):

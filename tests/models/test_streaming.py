@@ -18,7 +18,9 @@ def random_frames(n: int, seed: int = 0) -> np.ndarray:
 
 
 def chunk_all(frames: np.ndarray, *, feed_size: int = 1, chunk=25, first=5, left=4, right=3, stop=True):
-    chunker = FrameChunker(ORPHEUS_LAYOUT, chunk_frames=chunk, first_chunk_frames=first, left_context=left, lookahead=right)
+    chunker = FrameChunker(
+        ORPHEUS_LAYOUT, chunk_frames=chunk, first_chunk_frames=first, left_context=left, lookahead=right
+    )
     tokens = ORPHEUS_LAYOUT.frames_to_tokens(frames) + ([END_OF_SPEECH] if stop else [])
     windows = []
     for i in range(0, len(tokens), feed_size):

@@ -1,0 +1,121 @@
+"""The assembler's ordering and idempotence (fakeredis with Lua: the same scripts as production)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import fakeredis
+import numpy as np
+import pytest
+
+from fleet.messages import AudioChunk
+from fleet.names import Names, part_object
+from fleet.settings import Settings
+from fleet.storage import LocalStorage
+from jobs.model import JobStatus
+from jobs.service import JobRequest, tasks_for, validate
+from jobs.store import JobStore
+from workers.assembler import Assembler
+from workers.runtime import WorkerContext
+
+
+def pcm(values) -> bytes:
+    return np.asarray(values, dtype="<i2").tobytes()
+
+
+@pytest.fixture
+def harness(tmp_path):
+    settings = Settings(redis_url="redis://unused", key_prefix="t", data_dir=tmp_path, block_ms=10)
+    redis = fakeredis.FakeAsyncRedis()
+    names = Names("t")
+    store = JobStore(redis, names, events_maxlen=1000, result_ttl_s=60)
+    ctx = WorkerContext(settings, redis, names, store, LocalStorage(tmp_path / "storage"), asyncio.Event())
+    enqueued: list[str] = []
+    assembler = Assembler(ctx, enqueue=lambda _settings, job_id: enqueued.append(job_id))
+    return ctx, assembler, enqueued
+
+
+async def new_job(ctx, text="One. Two."):
+    job, plan = validate(JobRequest(text=text), ctx.settings)
+    await ctx.store.create(job, plan, tasks_for(job, plan))
+    await ctx.store.mark_running(job.id)
+    return job
+
+
+async def deliver(ctx, assembler, chunks):
+    for chunk in chunks:
+        await ctx.redis.xadd(ctx.names.audio(), chunk.encode())
+    await assembler.consumer.setup()
+    while deliveries := await assembler.consumer.read(100, 10):
+        for d in deliveries:
+            await assembler.handle(d)
+
+
+async def events(ctx, job_id):
+    return [(e.type.value, e.data) for e in await ctx.store.read_events(job_id, "0-0", None, count=1000)]
+
+
+def test_out_of_order_duplicate_and_superseded_chunks(harness):
+    ctx, assembler, enqueued = harness
+
+    async def main():
+        job = await new_job(ctx)
+        a1 = [
+            AudioChunk(job.id, 0, 1, seq, seq == 3, 24000, pcm([seq * 10 + i for i in range(4)]))
+            for seq in range(4)
+        ]
+        # attempt 1 of segment 0 arrives out of order and with a duplicate; attempt 2 (a retry) trails
+        a2 = [AudioChunk(job.id, 0, 2, seq, seq == 1, 24000, pcm([99] * 4)) for seq in range(2)]
+        await deliver(ctx, assembler, [a1[2], a1[0], a2[0], a1[3], a1[2], a1[1], a2[1]])
+        s1 = AudioChunk(job.id, 1, 1, 0, True, 24000, pcm([7, 8]))
+        await deliver(ctx, assembler, [s1, s1])
+        return job
+
+    job = asyncio.run(main())
+    part = ctx.storage.get_bytes(part_object(job.id, 0, 1))
+    assert np.frombuffer(part, "<i2").tolist() == [seq * 10 + i for seq in range(4) for i in range(4)]
+    done = asyncio.run(ctx.store.completed_segments(job.id))
+    assert done == {0: (1, 16), 1: (1, 2)}  # attempt 1 won segment 0; each segment recorded once
+    got = asyncio.run(ctx.store.get(job.id))
+    assert got.segments_done == 2 and got.status == JobStatus.FINALIZING
+    assert got.audio_seconds == pytest.approx(18 / 24000)
+    kinds = [kind for kind, _ in asyncio.run(events(ctx, job.id))]
+    assert kinds.count("segment") == 2 and kinds[-1] == "progress" and kinds[0] == "queued"
+    assert enqueued and set(enqueued) == {job.id}
+    # the losing attempt's deltas and every scratch key are gone from Redis
+    leftover = asyncio.run(ctx.redis.keys(f"t:job:{{{job.id}}}:deltas:*"))
+    assert leftover == []
+
+
+def test_chunks_of_a_cancelled_job_are_dropped(harness):
+    ctx, assembler, enqueued = harness
+
+    async def main():
+        job = await new_job(ctx, "Only one.")
+        await ctx.store.cancel(job.id)
+        await deliver(ctx, assembler, [AudioChunk(job.id, 0, 1, 0, True, 24000, pcm([1, 2, 3]))])
+        return job
+
+    job = asyncio.run(main())
+    assert asyncio.run(ctx.store.completed_segments(job.id)) == {}
+    assert not ctx.storage.exists(part_object(job.id, 0, 1)) and not enqueued
+    assert asyncio.run(ctx.redis.xlen(ctx.names.audio())) == 0  # acked and deleted
+
+
+def test_unreadable_chunk_is_dead_lettered_and_fails_its_job(harness):
+    ctx, assembler, _ = harness
+
+    async def main():
+        job = await new_job(ctx, "Only one.")
+        fields = AudioChunk(job.id, 0, 1, 0, True, 24000, pcm([1])).encode()
+        fields[b"p"] = b"\x00"  # half a sample
+        await ctx.redis.xadd(ctx.names.audio(), fields)
+        await deliver(ctx, assembler, [])
+        return job
+
+    job = asyncio.run(main())
+    got = asyncio.run(ctx.store.get(job.id))
+    assert got.status == JobStatus.FAILED and "could not be read" in got.error
+    letters = asyncio.run(ctx.redis.xrange(ctx.names.dead_letters()))
+    assert len(letters) == 1 and json.loads(letters[0][1][b"h"])["job_id"] == job.id
