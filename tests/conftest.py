@@ -90,3 +90,32 @@ def make_settings(redis_url: str, data_dir: Path, tiny_dir: Path):
         return Settings(**values)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3 API endpoint over HTTP (moto's server mode), with a bucket and credentials set."""
+    from moto.server import ThreadedMotoServer
+
+    saved = {
+        k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+    }
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1"
+    )
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    import boto3
+
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="narration-test")
+    try:
+        yield endpoint
+    finally:
+        server.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -1,0 +1,16 @@
+# One image for every fleet process (the command picks the stage).
+# GPU images: build FROM a CUDA base that carries torch, and install the `vllm` extra.
+FROM python:3.11-slim
+RUN apt-get update && apt-get install -y --no-install-recommends libsndfile1 && rm -rf /var/lib/apt/lists/*
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY api api
+COPY workers workers
+COPY models models
+COPY jobs jobs
+COPY fleet fleet
+ARG EXTRAS=""
+RUN pip install --no-cache-dir ".${EXTRAS}"
+ENV NARRATE_DATA_DIR=/data PYTHONUNBUFFERED=1
+ENTRYPOINT []
+CMD ["narrate", "fleet"]
