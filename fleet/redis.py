@@ -12,6 +12,10 @@ from redis.retry import Retry as RedisRetry
 
 from fleet.settings import Settings
 
+#: Socket read timeout, seconds. Must exceed every XREAD/XREADGROUP BLOCK the fleet uses (at most 5 s):
+#: redis-py's default (5 s) would cut blocking reads short.
+SOCKET_TIMEOUT_S = 30.0
+
 #: Errors after which a command is retried on a fresh connection (Redis restarting, network blips).
 TRANSIENT_ERRORS = (RedisConnectionError, RedisTimeoutError, BusyLoadingError, ConnectionResetError)
 
@@ -30,6 +34,8 @@ def async_client(settings: Settings) -> aioredis.Redis:
     return aioredis.from_url(
         redis_url(settings),
         decode_responses=False,
+        socket_timeout=SOCKET_TIMEOUT_S,
+        socket_connect_timeout=5.0,
         health_check_interval=30,
         retry=AsyncRetry(ExponentialBackoff(cap=2.0, base=0.05), retries=8),
         retry_on_error=list(TRANSIENT_ERRORS),
@@ -40,6 +46,8 @@ def sync_client(settings: Settings) -> redis.Redis:
     return redis.Redis.from_url(
         redis_url(settings),
         decode_responses=False,
+        socket_timeout=SOCKET_TIMEOUT_S,
+        socket_connect_timeout=5.0,
         health_check_interval=30,
         retry=RedisRetry(ExponentialBackoff(cap=2.0, base=0.05), retries=8),
         retry_on_error=list(TRANSIENT_ERRORS),

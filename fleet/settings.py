@@ -63,6 +63,13 @@ class Settings(BaseSettings):
     torch_threads: int = 1
     #: Device for the reference engine and decoders ("cpu", "cuda").
     device: str = "cpu"
+    #: vLLM engine: weights dtype, context length, GPU memory share, weight loading ("dummy": random
+    #: weights of the checkpoint's shape, for benchmarks), eager mode (no CUDA graphs / compile).
+    vllm_dtype: str = "auto"
+    vllm_max_model_len: int = 4096
+    vllm_gpu_memory_utilization: float = 0.85
+    vllm_load_format: str = "auto"
+    vllm_enforce_eager: bool = False
     #: Local checkpoint directory of the "orpheus" model (LM + tokenizer; codec under snac/).
     orpheus_dir: Path | None = None
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleet.settings import Settings
-from models.family import CodecLMFamily
+from models.family import CodecLMFamily, SamplingDefaults
 from models.orpheus import orpheus_family
 
 
@@ -47,8 +47,14 @@ MODELS: dict[str, ModelSpec] = {
     for spec in (
         ModelSpec(
             name="tiny",
-            # random weights never choose to stop: a tight length budget keeps test audio short
-            family=orpheus_family(name="tiny", max_frames_per_char=0.6, min_frames=8),
+            # random weights never choose to stop: a tight length budget keeps test audio short;
+            # top-k sampling instead of Orpheus' top-p spares CPU engines a full-vocabulary sort
+            family=orpheus_family(
+                name="tiny",
+                max_frames_per_char=0.6,
+                min_frames=8,
+                sampling=SamplingDefaults(temperature=0.6, top_p=1.0, top_k=50, repetition_penalty=1.3),
+            ),
             description="Orpheus layout at test size, random weights from a fixed seed (noise, not speech)",
             locate=_tiny_dir,
         ),
@@ -117,5 +123,13 @@ def load_engine(spec: ModelSpec, settings: Settings):
     if settings.engine == "vllm":
         from models.engines.vllm_engine import VllmEngine
 
-        return VllmEngine(spec.checkpoint(settings), settings)
+        return VllmEngine(
+            spec.checkpoint(settings),
+            max_num_seqs=settings.max_num_seqs,
+            max_model_len=settings.vllm_max_model_len,
+            dtype=settings.vllm_dtype,
+            gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
+            load_format=settings.vllm_load_format,
+            enforce_eager=settings.vllm_enforce_eager,
+        )
     raise ValueError(f"unknown engine {settings.engine!r} (use 'reference' or 'vllm')")

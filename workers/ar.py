@@ -216,6 +216,7 @@ async def run_ar_worker(ctx: WorkerContext, model: str) -> None:
     configure_torch(ctx.settings)
     spec = get_model(model, ctx.settings)
     engine = await asyncio.to_thread(load_engine, spec, ctx.settings)
+    await engine.start()
     tokenizer = await asyncio.to_thread(load_tokenizer, spec, ctx.settings)
     synth = SegmentSynthesizer(spec.family, tokenizer, engine, StreamingConfig.from_settings(ctx.settings))
     try:

@@ -56,6 +56,9 @@ class EngineError(RuntimeError):
 class Engine(Protocol):
     max_num_seqs: int
 
+    async def start(self) -> None:
+        """Start serving (once per process, inside the event loop)."""
+
     def generate(
         self, request_id: str, prompt: list[int], params: SamplingParams
     ) -> AsyncIterator[TokenDelta]: ...

