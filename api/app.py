@@ -19,7 +19,6 @@ from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 from sse_starlette import EventSourceResponse
 
 from api.schemas import JobAccepted, JobCreate, JobView, Links, ModelView, Problem
-from fleet.names import Names
 from fleet.redis import async_client
 from fleet.settings import Settings
 from fleet.storage import Storage, storage_from_settings
@@ -81,12 +80,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         redis = async_client(settings)
-        store = JobStore(
-            redis,
-            Names(settings.key_prefix),
-            events_maxlen=settings.events_maxlen,
-            result_ttl_s=settings.result_ttl_s,
-        )
+        store = JobStore.for_settings(redis, settings)
         app.state.fleet = AppState(settings, store, storage_from_settings(settings))
         try:
             yield

@@ -154,7 +154,6 @@ def cmd_file(args: argparse.Namespace, settings: Settings) -> int:
 async def _narrate_file(settings: Settings, request, output: Path, supervisor) -> int:
     from tqdm import tqdm
 
-    from fleet.names import Names
     from fleet.redis import async_client
     from fleet.storage import storage_from_settings
     from jobs.model import EventType
@@ -162,12 +161,7 @@ async def _narrate_file(settings: Settings, request, output: Path, supervisor) -
     from jobs.store import JobStore
 
     redis = async_client(settings)
-    store = JobStore(
-        redis,
-        Names(settings.key_prefix),
-        events_maxlen=settings.events_maxlen,
-        result_ttl_s=settings.result_ttl_s,
-    )
+    store = JobStore.for_settings(redis, settings)
     try:
         job = await submit(store, settings, request)
         bar = tqdm(total=job.segments_total, unit="seg", desc=output.name, dynamic_ncols=True)

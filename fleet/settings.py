@@ -70,6 +70,8 @@ class Settings(BaseSettings):
     vllm_gpu_memory_utilization: float = 0.85
     vllm_load_format: str = "auto"
     vllm_enforce_eager: bool = False
+    #: Tokens vLLM accumulates per request before streaming them out (1 = every token).
+    vllm_stream_interval: int = 1
     #: Local checkpoint directory of the "orpheus" model (LM + tokenizer; codec under snac/).
     orpheus_dir: Path | None = None
 

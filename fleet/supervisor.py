@@ -29,6 +29,15 @@ class Child:
     started_at: float = field(default=0.0)
 
 
+def free_port() -> int:
+    """A TCP port free right now on 127.0.0.1 (for an API child)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def cli_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "fleet.cli", *args]
 

@@ -13,7 +13,7 @@ import logging
 import tempfile
 from pathlib import Path
 
-from fleet.names import Names, audio_object, manifest_object, part_object, parts_prefix
+from fleet.names import audio_object, manifest_object, part_object, parts_prefix
 from fleet.redis import async_client, sync_client
 from fleet.settings import Settings
 from fleet.storage import Storage, storage_from_settings
@@ -38,12 +38,7 @@ def finalize_job(job_id: str) -> str:
 async def _finalize(settings: Settings, job_id: str) -> str:
     redis = async_client(settings)
     try:
-        store = JobStore(
-            redis,
-            Names(settings.key_prefix),
-            events_maxlen=settings.events_maxlen,
-            result_ttl_s=settings.result_ttl_s,
-        )
+        store = JobStore.for_settings(redis, settings)
         return await Finalizer(settings, store, storage_from_settings(settings)).run(job_id)
     finally:
         await redis.aclose()

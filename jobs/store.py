@@ -47,6 +47,15 @@ class JobStore:
         self._segment_done = redis.register_script(scripts.SEGMENT_DONE)
         self._end_job = redis.register_script(scripts.END_JOB)
 
+    @classmethod
+    def for_settings(cls, redis: aioredis.Redis, settings) -> JobStore:
+        return cls(
+            redis,
+            Names(settings.key_prefix),
+            events_maxlen=settings.events_maxlen,
+            result_ttl_s=settings.result_ttl_s,
+        )
+
     # --- creation and reads -------------------------------------------------------------------------
 
     async def create(self, job: Job, plan: Plan, tasks: list[SegmentTask]) -> None:

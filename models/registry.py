@@ -131,5 +131,8 @@ def load_engine(spec: ModelSpec, settings: Settings):
             gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
             load_format=settings.vllm_load_format,
             enforce_eager=settings.vllm_enforce_eager,
+            extra_args={"stream_interval": settings.vllm_stream_interval}
+            if settings.vllm_stream_interval != 1
+            else None,
         )
     raise ValueError(f"unknown engine {settings.engine!r} (use 'reference' or 'vllm')")

@@ -20,7 +20,7 @@ from fleet.settings import Settings
 from models.engines.base import Engine, FrameConstraint, SamplingParams
 from models.family import CodecLMFamily, InvalidCodeError, TextTokenizer
 from models.streaming import FrameChunker, Window
-from workers.consumer import Delivery, StreamConsumer, consumer_name
+from workers.consumer import Delivery
 from workers.runtime import WorkerContext, every
 
 log = logging.getLogger(__name__)
@@ -85,15 +85,7 @@ class ARWorker:
         self.model = model
         self.synth = synth
         self.max_in_flight = max_in_flight
-        self.consumer = StreamConsumer(
-            ctx.redis,
-            [ctx.names.tasks(model)],
-            AR_GROUP,
-            consumer_name(f"ar-{model}"),
-            dead_letter_stream=ctx.names.dead_letters(),
-            reclaim_idle_ms=ctx.settings.reclaim_idle_ms,
-            max_deliveries=ctx.settings.max_deliveries,
-        )
+        self.consumer = ctx.consumer([ctx.names.tasks(model)], AR_GROUP, f"ar-{model}")
         self.codes_stream = ctx.names.codes(model)
         self._segments: dict[asyncio.Task, str] = {}  # in-flight segment task -> job id
         self._ended_jobs: set[str] = set()

@@ -17,7 +17,7 @@ from fleet.messages import AudioChunk, MessageError
 from fleet.names import ASSEMBLER_GROUP, part_object
 from fleet.settings import Settings
 from jobs.finalize import enqueue_finalize
-from workers.consumer import Delivery, StreamConsumer, consumer_name
+from workers.consumer import Delivery
 from workers.runtime import WorkerContext
 
 log = logging.getLogger(__name__)
@@ -29,15 +29,7 @@ class Assembler:
     ) -> None:
         self.ctx = ctx
         self.enqueue = enqueue  # queues the finalize job (RQ); idempotent
-        self.consumer = StreamConsumer(
-            ctx.redis,
-            [ctx.names.audio()],
-            ASSEMBLER_GROUP,
-            consumer_name("assembler"),
-            dead_letter_stream=ctx.names.dead_letters(),
-            reclaim_idle_ms=ctx.settings.reclaim_idle_ms,
-            max_deliveries=ctx.settings.max_deliveries,
-        )
+        self.consumer = ctx.consumer([ctx.names.audio()], ASSEMBLER_GROUP, "assembler")
 
     async def run(self) -> None:
         await self.consumer.setup()

@@ -17,7 +17,7 @@ import numpy as np
 from fleet.messages import AudioChunk, CodeChunk, MessageError
 from fleet.names import DECODER_GROUP
 from models.snac_codec import to_pcm16
-from workers.consumer import Delivery, StreamConsumer, consumer_name
+from workers.consumer import Delivery
 from workers.runtime import WorkerContext
 
 log = logging.getLogger(__name__)
@@ -50,15 +50,7 @@ class DecoderWorker:
     def __init__(self, ctx: WorkerContext, codecs: dict[str, Codec]) -> None:
         self.ctx = ctx
         self.codecs = codecs
-        self.consumer = StreamConsumer(
-            ctx.redis,
-            [ctx.names.codes(m) for m in codecs],
-            DECODER_GROUP,
-            consumer_name("decoder"),
-            dead_letter_stream=ctx.names.dead_letters(),
-            reclaim_idle_ms=ctx.settings.reclaim_idle_ms,
-            max_deliveries=ctx.settings.max_deliveries,
-        )
+        self.consumer = ctx.consumer([ctx.names.codes(m) for m in codecs], DECODER_GROUP, "decoder")
 
     async def run(self) -> None:
         await self.consumer.setup()

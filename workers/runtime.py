@@ -16,6 +16,7 @@ from fleet.redis import async_client
 from fleet.settings import Settings
 from fleet.storage import Storage, storage_from_settings
 from jobs.store import JobStore
+from workers.consumer import StreamConsumer, consumer_name
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +34,20 @@ class WorkerContext:
     def create(cls, settings: Settings) -> WorkerContext:
         redis = async_client(settings)
         names = Names(settings.key_prefix)
-        store = JobStore(
-            redis, names, events_maxlen=settings.events_maxlen, result_ttl_s=settings.result_ttl_s
-        )
+        store = JobStore.for_settings(redis, settings)
         return cls(settings, redis, names, store, storage_from_settings(settings), asyncio.Event())
+
+    def consumer(self, streams: list[str], group: str, kind: str) -> StreamConsumer:
+        """A consumer of ``streams`` in ``group`` with the fleet's lease and dead-letter settings."""
+        return StreamConsumer(
+            self.redis,
+            streams,
+            group,
+            consumer_name(kind),
+            dead_letter_stream=self.names.dead_letters(),
+            reclaim_idle_ms=self.settings.reclaim_idle_ms,
+            max_deliveries=self.settings.max_deliveries,
+        )
 
     async def close(self) -> None:
         await self.redis.aclose()

