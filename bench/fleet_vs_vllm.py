@@ -248,7 +248,15 @@ def run_fleet(args, env: dict, settings, log_dir: Path) -> dict:
     def wait(ids: list[str], timeout: float) -> list[dict]:
         deadline = time.perf_counter() + timeout
         pending, done = set(ids), {}
+        next_report = time.perf_counter() + 10
         while pending:
+            if time.perf_counter() > next_report:
+                next_report += 10
+                states = [client.get(f"/v1/jobs/{i}").json() for i in pending]
+                print(
+                    f"  {sum(j['segments_done'] for j in states)} segments done in {len(pending)} pending jobs",
+                    flush=True,
+                )
             for job_id in list(pending):
                 job = client.get(f"/v1/jobs/{job_id}").json()
                 if job["status"] in ("done", "failed", "cancelled"):

@@ -140,6 +140,7 @@ class VllmEngine:
     ) -> None:
         self.model_dir = str(model_dir)
         self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
         self._engine_kwargs = dict(
             model=self.model_dir,
             skip_tokenizer_init=True,
@@ -202,9 +203,15 @@ class VllmEngine:
             raise EngineError("the vLLM engine is not started")
         from vllm.inputs import TokensPrompt
 
+        room = self.max_model_len - len(prompt)
+        if room < 1:
+            raise EngineError(
+                f"prompt of {len(prompt)} tokens does not fit max_model_len {self.max_model_len}"
+            )
+        sampling = self.sampling_params(params, max_tokens=min(params.max_tokens, room))
         try:
             async for output in self._engine.generate(
-                TokensPrompt(prompt_token_ids=list(prompt)), self.sampling_params(params), request_id
+                TokensPrompt(prompt_token_ids=list(prompt)), sampling, request_id
             ):
                 completion = output.outputs[0]
                 yield TokenDelta(
