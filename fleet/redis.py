@@ -29,10 +29,14 @@ def redis_url(settings: Settings) -> str:
 
 
 def async_client(settings: Settings) -> aioredis.Redis:
+    """A client whose pool makes callers wait for a free connection rather than fail: a worker with
+    hundreds of segments in flight must queue its Redis calls, not crash on "Too many connections"."""
     from redis.asyncio.retry import Retry as AsyncRetry
 
-    return aioredis.from_url(
+    pool = aioredis.BlockingConnectionPool.from_url(
         redis_url(settings),
+        max_connections=settings.redis_max_connections,
+        timeout=SOCKET_TIMEOUT_S,
         decode_responses=False,
         socket_timeout=SOCKET_TIMEOUT_S,
         socket_connect_timeout=5.0,
@@ -40,6 +44,7 @@ def async_client(settings: Settings) -> aioredis.Redis:
         retry=AsyncRetry(ExponentialBackoff(cap=2.0, base=0.05), retries=8),
         retry_on_error=list(TRANSIENT_ERRORS),
     )
+    return aioredis.Redis.from_pool(pool)  # the client owns the pool: aclose() closes it
 
 
 def sync_client(settings: Settings) -> redis.Redis:

@@ -29,6 +29,8 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(
         default=None, validation_alias=AliasChoices("REDIS_URL", "NARRATE_REDIS_URL")
     )
+    #: Connections per process (callers wait for a free one beyond this).
+    redis_max_connections: int = 64
     #: Prefix of every key and stream name; lets several fleets (or test runs) share one Redis.
     key_prefix: str = "narr"
     #: Local state: embedded Valkey's data, built tiny checkpoints, local storage.
@@ -57,16 +59,16 @@ class Settings(BaseSettings):
     models: str = "tiny"
     #: AR engine: "reference" (plain PyTorch) or "vllm".
     engine: str = "reference"
-    #: Sequences decoded together by one AR engine.
+    #: Sequences decoded together by one AR engine, and the longest one (prompt + codes), in tokens.
     max_num_seqs: int = 32
+    max_model_len: int = 4096
     #: Torch intra-op threads per worker process (0 = torch's default).
     torch_threads: int = 1
     #: Device for the reference engine and decoders ("cpu", "cuda").
     device: str = "cpu"
-    #: vLLM engine: weights dtype, context length, GPU memory share, weight loading ("dummy": random
+    #: vLLM engine: weights dtype, GPU memory share, weight loading ("dummy": random
     #: weights of the checkpoint's shape, for benchmarks), eager mode (no CUDA graphs / compile).
     vllm_dtype: str = "auto"
-    vllm_max_model_len: int = 4096
     vllm_gpu_memory_utilization: float = 0.85
     vllm_load_format: str = "auto"
     vllm_enforce_eager: bool = False

@@ -5,12 +5,18 @@ under redelivery (a chunk or segment applied twice leaves one copy). All keys of
 job's hash tag, so the scripts are legal on Redis Cluster.
 """
 
-# KEYS: job, events | ARGV: now, maxlen, event data (json)
-MARK_RUNNING = """
-if redis.call('HGET', KEYS[1], 'status') ~= 'queued' then return 0 end
-redis.call('HSET', KEYS[1], 'status', 'running', 'started_at', ARGV[1])
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'type', 'started', 'data', ARGV[3])
-return 1
+# KEYS: job, attempts, events | ARGV: segment, now, maxlen, event data (json)
+# An AR worker starts a segment: returns {status, attempt}; attempt 0 (nothing started) if the job is
+# gone or ended. The first segment moves the job from 'queued' to 'running'.
+START_SEGMENT = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if status ~= 'queued' and status ~= 'running' then return {status or '', 0} end
+local attempt = redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
+if status == 'queued' then
+  redis.call('HSET', KEYS[1], 'status', 'running', 'started_at', ARGV[2])
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'type', 'started', 'data', ARGV[4])
+end
+return {'running', attempt}
 """
 
 # KEYS: job, done segments, deltas, scratch | ARGV: segment, seq, final (0/1), pcm

@@ -42,7 +42,7 @@ class JobStore:
         self.names = names
         self.events_maxlen = events_maxlen
         self.result_ttl_s = result_ttl_s
-        self._mark_running = redis.register_script(scripts.MARK_RUNNING)
+        self._start_segment = redis.register_script(scripts.START_SEGMENT)
         self._add_delta = redis.register_script(scripts.ADD_DELTA)
         self._segment_done = redis.register_script(scripts.SEGMENT_DONE)
         self._end_job = redis.register_script(scripts.END_JOB)
@@ -128,17 +128,16 @@ class JobStore:
 
     # --- the AR stage -------------------------------------------------------------------------------
 
-    async def next_attempt(self, job_id: str, segment: int) -> int:
-        return int(await self.redis.hincrby(self.names.attempts(job_id), str(segment), 1))
-
-    async def mark_running(self, job_id: str) -> bool:
+    async def start_segment(self, job_id: str, segment: int) -> int:
+        """A new, unique attempt number for the segment (marking the job running), or 0 if the job
+        is gone or has ended (the segment must not be worked on). One round trip."""
         n = self.names
-        data = json.dumps({"at": time.time()})
-        return bool(
-            await self._mark_running(
-                [n.job(job_id), n.events(job_id)], [time.time(), self.events_maxlen, data]
-            )
+        now = time.time()
+        keys = [n.job(job_id), n.attempts(job_id), n.events(job_id)]
+        _status, attempt = await self._start_segment(
+            keys, [segment, now, self.events_maxlen, json.dumps({"at": now})]
         )
+        return int(attempt)
 
     # --- the assembler ------------------------------------------------------------------------------
 

@@ -126,7 +126,7 @@ def load_engine(spec: ModelSpec, settings: Settings):
         return VllmEngine(
             spec.checkpoint(settings),
             max_num_seqs=settings.max_num_seqs,
-            max_model_len=settings.vllm_max_model_len,
+            max_model_len=settings.max_model_len,
             dtype=settings.vllm_dtype,
             gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
             load_format=settings.vllm_load_format,

@@ -138,14 +138,11 @@ class ARWorker:
         except MessageError as exc:
             await self._fail_unreadable(delivery, exc)
             return
-        status = await self.ctx.store.status(task.job_id)
-        if status is None or status.terminal:
+        attempt = await self.ctx.store.start_segment(task.job_id, task.segment)
+        if not attempt:
             await self.consumer.ack(delivery)  # cancelled or gone: drop, spend nothing
             return
-        current = asyncio.current_task()
-        self._segments[current] = task.job_id
-        attempt = await self.ctx.store.next_attempt(task.job_id, task.segment)
-        await self.ctx.store.mark_running(task.job_id)
+        self._segments[asyncio.current_task()] = task.job_id
         request_id = f"{task.job_id}:{task.segment}:{attempt}"
         try:
             async for windows in self.synth.windows(task, request_id):

@@ -42,7 +42,7 @@ def test_fleet_on_vllm(redis_url, data_dir, tiny_dir, tmp_path, monkeypatch):
         block_ms=200,
         engine="vllm",
         vllm_dtype="float32",
-        vllm_max_model_len=1024,
+        max_model_len=1024,
         max_num_seqs=16,
         reclaim_idle_ms=600_000,  # engine start-up (compilation) must not look like a dead worker
     )

@@ -39,7 +39,7 @@ def harness(tmp_path):
 async def new_job(ctx, text="One. Two."):
     job, plan = validate(JobRequest(text=text), ctx.settings)
     await ctx.store.create(job, plan, tasks_for(job, plan))
-    await ctx.store.mark_running(job.id)
+    assert await ctx.store.start_segment(job.id, 0) == 1  # the job is running
     return job
 
 
