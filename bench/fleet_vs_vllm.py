@@ -392,6 +392,27 @@ def run_offline(args, settings, fleet: dict) -> dict:
     }
 
 
+def offline_in_subprocess(args, fleet: dict, out: Path) -> dict:
+    """Run the offline phase in a new process, once the fleet's processes have let go of the GPU."""
+    import subprocess
+
+    if args.device == "cuda":
+        for _ in range(120):
+            used = subprocess.run(
+                ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+            ).stdout.split()
+            if used and int(used[0]) < 2048:
+                break
+            time.sleep(0.5)
+        print(f"GPU memory in use before the offline phase: {used} MiB", flush=True)
+    state = Path(args.data_dir) / "fleet-state.json"  # not in --out: only results and logs travel back
+    state.write_text(json.dumps({"texts": fleet["texts"], "manifests": fleet["manifests"]}))
+    subprocess.run([sys.executable, __file__, *sys.argv[1:], "--offline-from", str(state)], check=True)
+    return json.loads(state.with_name("offline.json").read_text())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -411,6 +432,7 @@ def main() -> int:
     parser.add_argument("--data-dir", default="/tmp/narrate-bench")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--skip-offline", action="store_true")
+    parser.add_argument("--offline-from", help=argparse.SUPPRESS)  # internal: the offline phase's own process
     args = parser.parse_args()
 
     from fleet.embedded import EmbeddedValkey
@@ -441,6 +463,11 @@ def main() -> int:
         )
     else:
         overrides.update(models="tiny", default_model="tiny", vllm_dtype="float32")
+    if args.offline_from:  # a fresh process: nothing of the fleet's CUDA or vLLM state is around
+        fleet = json.loads(Path(args.offline_from).read_text())
+        offline = run_offline(args, Settings(redis_url="redis://unused", **overrides), fleet)
+        Path(args.offline_from).with_name("offline.json").write_text(json.dumps(offline))
+        return 0
     valkey = EmbeddedValkey(data)
     url = valkey.start()
     settings = Settings(redis_url=url, key_prefix=f"bench{int(time.time())}", **overrides)
@@ -476,8 +503,11 @@ def main() -> int:
         f"= {result['fleet_audio_s_per_s']:.1f} audio-s/s; TTFA idle median {result['ttfa_idle_median_s'] * 1000:.0f} ms",
         flush=True,
     )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(result, indent=2))  # kept even if the offline phase fails
     if not args.skip_offline and fleet["complete"]:
-        offline = run_offline(args, settings, fleet)
+        offline = offline_in_subprocess(args, fleet, out)
         offline_audio = offline["tokens"] / 7 * 2048 / 24000
         result.update(
             offline_wall_s=offline["wall_s"],

@@ -72,8 +72,11 @@ class Settings(BaseSettings):
     vllm_gpu_memory_utilization: float = 0.85
     vllm_load_format: str = "auto"
     vllm_enforce_eager: bool = False
-    #: Tokens vLLM accumulates per request before streaming them out (1 = every token).
-    vllm_stream_interval: int = 1
+    #: Tokens vLLM accumulates per request before streaming them out: one Orpheus frame (7) cuts the
+    #: per-token Python work of the AR worker sevenfold and delays a chunk by at most 6 tokens.
+    vllm_stream_interval: int = 7
+    #: Seconds between vLLM's own statistics log lines (0: off).
+    vllm_log_stats_s: float = 10.0
     #: Local checkpoint directory of the "orpheus" model (LM + tokenizer; codec under snac/).
     orpheus_dir: Path | None = None
 

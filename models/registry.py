@@ -118,7 +118,10 @@ def load_engine(spec: ModelSpec, settings: Settings):
         from models.engines.reference import ReferenceEngine
 
         return ReferenceEngine(
-            spec.checkpoint(settings), max_num_seqs=settings.max_num_seqs, device=settings.device
+            spec.checkpoint(settings),
+            max_num_seqs=settings.max_num_seqs,
+            max_model_len=settings.max_model_len,
+            device=settings.device,
         )
     if settings.engine == "vllm":
         from models.engines.vllm_engine import VllmEngine
@@ -131,6 +134,8 @@ def load_engine(spec: ModelSpec, settings: Settings):
             gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
             load_format=settings.vllm_load_format,
             enforce_eager=settings.vllm_enforce_eager,
+            log_stats_s=settings.vllm_log_stats_s,
+            # vLLM >= 0.26 engine argument; 1 is vLLM's default, so older versions never see it
             extra_args={"stream_interval": settings.vllm_stream_interval}
             if settings.vllm_stream_interval != 1
             else None,

