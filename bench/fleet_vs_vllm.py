@@ -59,20 +59,6 @@ ORPHEUS_3B_CONFIG = dict(
     torch_dtype="bfloat16",
 )
 
-SNAC_24KHZ = dict(
-    sampling_rate=24000,
-    encoder_dim=48,
-    encoder_rates=[2, 4, 8, 8],
-    latent_dim=None,
-    decoder_dim=1024,
-    decoder_rates=[8, 8, 4, 2],
-    attn_window_size=None,
-    codebook_size=4096,
-    codebook_dim=8,
-    vq_strides=[4, 2, 1],
-    noise=True,
-    depthwise=True,
-)
 
 WORDS = [
     "the",
@@ -138,6 +124,8 @@ def build_3b_dummy(directory: Path) -> Path:
     (directory / "config.json").write_text(json.dumps(ORPHEUS_3B_CONFIG, indent=2))
     build_tokenizer(directory)
     from snac import SNAC
+
+    from models.snac_codec import SNAC_24KHZ_CONFIG as SNAC_24KHZ
 
     torch.manual_seed(0)
     (directory / "snac").mkdir(exist_ok=True)

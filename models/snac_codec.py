@@ -22,6 +22,23 @@ import torch
 from snac import SNAC
 from snac.layers import NoiseBlock
 
+#: The shape of SNAC 24 kHz as Orpheus uses it (hubertsiuzdak/snac_24khz's config.json): 19.8 M
+#: parameters, hop 512, codebooks of 4096 at strides 4/2/1 -> 1 + 2 + 4 codes per 2048-sample frame.
+SNAC_24KHZ_CONFIG = dict(
+    sampling_rate=24000,
+    encoder_dim=48,
+    encoder_rates=[2, 4, 8, 8],
+    latent_dim=None,
+    decoder_dim=1024,
+    decoder_rates=[8, 8, 4, 2],
+    attn_window_size=None,
+    codebook_size=4096,
+    codebook_dim=8,
+    vq_strides=[4, 2, 1],
+    noise=True,
+    depthwise=True,
+)
+
 
 class SnacCodec:
     def __init__(self, model: SNAC, levels: Sequence[Sequence[int]], device: str = "cpu") -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from models import orpheus
+from models.snac_codec import SNAC_24KHZ_CONFIG
 
 TINY_SEED = 20261129
 #: Bump when the builder changes, so stale builds on disk are not reused.
@@ -50,20 +51,8 @@ TINY_LM_CONFIG = dict(
     torch_dtype="float32",
 )
 
-TINY_SNAC_CONFIG = dict(
-    sampling_rate=24000,
-    encoder_dim=16,
-    encoder_rates=[2, 4, 8, 8],
-    latent_dim=None,
-    decoder_dim=64,
-    decoder_rates=[8, 8, 4, 2],
-    attn_window_size=None,
-    codebook_size=4096,
-    codebook_dim=8,
-    vq_strides=[4, 2, 1],
-    noise=True,
-    depthwise=True,
-)
+#: SNAC 24 kHz with narrow encoder/decoder: the same rates, codebooks and frame shape.
+TINY_SNAC_CONFIG = {**SNAC_24KHZ_CONFIG, "encoder_dim": 16, "decoder_dim": 64}
 
 _LLAMA3_SPECIALS = {
     128000: "<|begin_of_text|>",
