@@ -6,7 +6,6 @@ The app never runs a model. Connections are owned by the app's lifespan.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import time
@@ -204,8 +203,6 @@ async def _event_stream(store: JobStore, job_id: str, after: str):
     while True:
         try:
             events = await store.read_events(job_id, after, block_ms=5000)
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:  # noqa: BLE001 - end the stream with an error event, never hang
             yield {"event": "error", "data": json.dumps({"error": f"event stream failed: {exc}"})}
             return

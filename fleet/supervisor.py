@@ -83,9 +83,6 @@ class Supervisor:
                 child.next_start = 0.0
                 self._spawn(child)
 
-    def alive(self) -> dict[str, bool]:
-        return {c.name: c.process is not None and c.process.poll() is None for c in self.children}
-
     def stop(self, timeout: float = 10.0) -> None:
         procs = [c.process for c in self.children if c.process is not None and c.process.poll() is None]
         for proc in procs:
