@@ -53,3 +53,53 @@ def test_narrate_file_refuses_bad_input(tmp_path, tiny_dir):
         timeout=300,
     )
     assert result.returncode == 2 and "text is empty" in result.stderr
+
+
+def test_narrate_fleet_runs_every_stage_as_children(redis_url, data_dir, tiny_dir, tmp_path):
+    """`narrate fleet`: one command, the API and one worker of each kind as child processes."""
+    import signal
+    import time
+
+    import httpx
+
+    from fleet.supervisor import free_port
+    from tests.conftest import delete_prefix
+
+    port = free_port()
+    prefix = f"fleetcmd-{int(time.time() * 1000) % 10**9}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NARRATE_")}
+    env.update(
+        REDIS_URL=redis_url, NARRATE_KEY_PREFIX=prefix, NARRATE_DATA_DIR=str(data_dir), NARRATE_BLOCK_MS="200"
+    )
+    log = open(tmp_path / "fleet.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleet.cli", "fleet", "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        job_id = httpx.post(f"{base}/v1/jobs", json={"text": "# One\n\nA fleet of one command."}).json()["id"]
+        while time.monotonic() < deadline + 120:
+            status = httpx.get(f"{base}/v1/jobs/{job_id}").json()["status"]
+            if status in ("done", "failed"):
+                break
+            time.sleep(0.3)
+        assert status == "done", (tmp_path / "fleet.log").read_text()
+        assert httpx.get(f"{base}/v1/jobs/{job_id}/audio").status_code == 200
+    finally:
+        proc.send_signal(signal.SIGINT)  # Ctrl-C stops the children and the command
+        assert proc.wait(timeout=60) == 0
+        log.close()
+        delete_prefix(redis_url, prefix)
+    text = (tmp_path / "fleet.log").read_text()
+    for child in ("api", "ar-tiny-0", "decoder-0", "assembler-0", "finalizer-0"):
+        assert f"started {child}" in text
