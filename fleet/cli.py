@@ -168,6 +168,11 @@ async def _narrate_file(settings: Settings, request, output: Path, supervisor) -
         after = "0-0"
         while True:
             supervisor.poll()
+            if broken := supervisor.crash_looping():
+                bar.close()
+                logs = settings.data_dir / "logs"
+                print(f"narrate: {', '.join(broken)} keep(s) failing; see {logs}/<name>.log", file=sys.stderr)
+                return 1
             for event in await store.read_events(job.id, after, block_ms=500):
                 after = event.id
                 if event.type == EventType.SEGMENT:

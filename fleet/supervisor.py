@@ -83,6 +83,10 @@ class Supervisor:
                 child.next_start = 0.0
                 self._spawn(child)
 
+    def crash_looping(self, restarts: int = 4) -> list[str]:
+        """Children that keep dying (restarted ``restarts`` times without a minute of uptime)."""
+        return [c.name for c in self.children if c.restarts >= restarts]
+
     def stop(self, timeout: float = 10.0) -> None:
         procs = [c.process for c in self.children if c.process is not None and c.process.poll() is None]
         for proc in procs:
