@@ -28,12 +28,27 @@ class ModelSpec:
     description: str
     #: The checkpoint directory for these settings (built if need be), or None if not configured.
     locate: Callable[[Settings], Path | None]
+    #: Why the model cannot be served with these settings (None: it can). Cheap: never builds.
+    problem: Callable[[Settings], str | None] = lambda _settings: None
 
     def checkpoint(self, settings: Settings) -> Path:
         path = self.locate(settings)
         if path is None:
             raise UnknownModelError(f"model {self.name!r} has no checkpoint configured")
         return path
+
+
+def _local_checkpoint_problem(setting: str, value: Path | None) -> str | None:
+    if value is None:
+        return f"{setting} is not set"
+    missing = [
+        p
+        for p in ("config.json", "snac/config.json", "snac/pytorch_model.bin")
+        if not (Path(value) / p).exists()
+    ]
+    if missing:
+        return f"{setting}={value} lacks {', '.join(missing)} (see docs/models.md)"
+    return None
 
 
 def _tiny_dir(settings: Settings) -> Path:
@@ -63,18 +78,22 @@ MODELS: dict[str, ModelSpec] = {
             family=orpheus_family(name="orpheus"),
             description="Orpheus 3B (Llama-3.2-3B + SNAC 24 kHz) from NARRATE_ORPHEUS_DIR",
             locate=lambda s: s.orpheus_dir,
+            problem=lambda s: _local_checkpoint_problem("NARRATE_ORPHEUS_DIR", s.orpheus_dir),
         ),
     )
 }
 
 
 def served_models(settings: Settings) -> dict[str, ModelSpec]:
-    """The models this fleet accepts jobs for: those named in settings.models that exist."""
+    """The models this fleet accepts jobs for (NARRATE_MODELS); a clear error if one cannot be served."""
     unknown = [m for m in settings.model_names if m not in MODELS]
     if unknown:
         raise UnknownModelError(
             f"unknown model(s) in NARRATE_MODELS: {', '.join(unknown)}; known: {', '.join(MODELS)}"
         )
+    for name in settings.model_names:
+        if problem := MODELS[name].problem(settings):
+            raise UnknownModelError(f"model {name!r} is in NARRATE_MODELS but cannot be served: {problem}")
     return {name: MODELS[name] for name in settings.model_names}
 
 
