@@ -111,11 +111,14 @@ class ARWorker:
                     self._segments[task] = ""
                     task.add_done_callback(self._segment_finished)
         finally:
-            # Hand back what we hold: unacked entries are reclaimed by another worker.
+            # Stop: abort the segments in flight (their engine requests with them) and hand their
+            # tasks back at once; another AR worker redoes them as new attempts.
             for task in list(self._segments):
                 task.cancel()
             await asyncio.gather(*self._segments, return_exceptions=True)
             await asyncio.gather(*chores, return_exceptions=True)
+            handed = await self.consumer.hand_back()
+            log.info("AR worker stopped; handed back %d segment(s)", handed)
 
     def _segment_finished(self, task: asyncio.Task) -> None:
         self._segments.pop(task, None)

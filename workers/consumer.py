@@ -93,7 +93,8 @@ class StreamConsumer:
 
     async def _reclaim(self, count: int) -> list[Delivery]:
         loop_time = asyncio.get_running_loop().time()
-        if loop_time - self._last_reclaim < self.reclaim_idle_ms / 2000:
+        # look for idle entries often enough to pick up handed-back work quickly (XAUTOCLAIM is cheap)
+        if loop_time - self._last_reclaim < min(self.reclaim_idle_ms / 2000, 5.0):
             return []
         self._last_reclaim = loop_time
         out: list[Delivery] = []
@@ -122,6 +123,26 @@ class StreamConsumer:
             pipe.xdel(d.stream, d.entry_id)
             self.held.discard((d.stream, d.entry_id))
         await pipe.execute()
+
+    async def hand_back(self) -> int:
+        """Give up every held entry at once (graceful shutdown): re-claim each to ourselves with an
+        idle time already past ``reclaim_idle_ms`` (XCLAIM ... IDLE), so the next XAUTOCLAIM of any
+        live consumer takes it without waiting for the lease to run out."""
+        by_stream: dict[str, list[bytes]] = {}
+        for stream, entry_id in self.held:
+            by_stream.setdefault(stream, []).append(entry_id)
+        for stream, ids in by_stream.items():
+            await self.redis.xclaim(
+                stream,
+                self.group,
+                self.name,
+                min_idle_time=0,
+                message_ids=ids,
+                idle=self.reclaim_idle_ms + 1,
+                justid=True,
+            )
+        self.held.clear()
+        return sum(map(len, by_stream.values()))
 
     def release(self, *deliveries: Delivery) -> None:
         """Stop renewing these entries' leases: they go idle and are redelivered (to anyone) later."""
