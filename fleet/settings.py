@@ -99,6 +99,9 @@ class Settings(BaseSettings):
     max_deliveries: int = 5
     #: Code chunks decoded together by one decoder.
     decode_batch: int = 32
+    #: Back-pressure: AR workers start no new segment while the code-chunk or the audio stream holds
+    #: more than this many entries (decoders or assemblers behind), so Redis memory stays bounded.
+    max_stream_backlog: int = 2000
 
     # --- output --------------------------------------------------------------------------------
     sentence_pause_ms: int = 300

@@ -106,6 +106,9 @@ class ARWorker:
                     self._slot_freed.clear()
                     await _first(self._slot_freed.wait(), stop.wait())
                     continue
+                if await self._downstream_behind():
+                    await _first(asyncio.sleep(0.2), stop.wait())
+                    continue
                 for delivery in await self.consumer.read(free, self.ctx.settings.block_ms):
                     task = asyncio.create_task(self._handle(delivery))
                     self._segments[task] = ""
@@ -119,6 +122,14 @@ class ARWorker:
             await asyncio.gather(*chores, return_exceptions=True)
             handed = await self.consumer.hand_back()
             log.info("AR worker stopped; handed back %d segment(s)", handed)
+
+    async def _downstream_behind(self) -> bool:
+        """Back-pressure: hold new segments while decoders or assemblers have a backlog."""
+        pipe = self.ctx.redis.pipeline(transaction=False)
+        pipe.xlen(self.codes_stream)
+        pipe.xlen(self.ctx.names.audio())
+        codes, audio = await pipe.execute()
+        return max(codes, audio) > self.ctx.settings.max_stream_backlog
 
     def _segment_finished(self, task: asyncio.Task) -> None:
         self._segments.pop(task, None)
