@@ -6,9 +6,12 @@ output equals an offline decode (invariant I1). Measured receptive field of SNAC
 weights, fp32): a window edge disturbs the 3 nearest frames on either side and nothing beyond
 (error < 1e-6 at 3 frames), hence the defaults left_context_frames=4, lookahead_frames=3.
 
-On the CPU with one intra-op thread (the workers' default) a window's audio does not depend on the
-windows batched with it; with more threads it moves in the last float bits (which can flip int16
-LSBs), so bit-identical audio across runs needs NARRATE_TORCH_THREADS=1.
+On the CPU, windows are decoded one at a time: batching there gains nothing (one window of 32
+frames decodes faster alone than in a batch of 8) and batched float32 convolutions are not
+batch-invariant (oneDNN picks kernels by shape, so a window's samples move in the last bits with its
+neighbours, flipping int16 LSBs). One at a time, with one intra-op thread (NARRATE_TORCH_THREADS=1,
+the default), a window's audio depends only on its codes. On GPUs windows of equal length are
+decoded in batches of up to 256 (not promised bit-identical across batch compositions).
 """
 
 from __future__ import annotations
@@ -41,7 +44,9 @@ SNAC_24KHZ_CONFIG = dict(
 
 
 class SnacCodec:
-    def __init__(self, model: SNAC, levels: Sequence[Sequence[int]], device: str = "cpu") -> None:
+    def __init__(
+        self, model: SNAC, levels: Sequence[Sequence[int]], device: str = "cpu", max_batch: int | None = None
+    ) -> None:
         for _name, module in list(model.named_modules()):
             for child_name, child in list(module.named_children()):
                 if isinstance(child, NoiseBlock):
@@ -52,11 +57,18 @@ class SnacCodec:
         self.sample_rate = int(model.sampling_rate)
         self.samples_per_frame = int(model.hop_length * model.vq_strides[0])
         self.codes_per_frame = sum(len(level) for level in self.levels)
+        self.max_batch = max_batch or (1 if device == "cpu" else 256)
 
     @classmethod
-    def load(cls, directory: str | Path, levels: Sequence[Sequence[int]], device: str = "cpu") -> SnacCodec:
+    def load(
+        cls,
+        directory: str | Path,
+        levels: Sequence[Sequence[int]],
+        device: str = "cpu",
+        max_batch: int | None = None,
+    ) -> SnacCodec:
         """Load a codec directory as the snac package saves it (config.json + pytorch_model.bin)."""
-        return cls(SNAC.from_pretrained(str(directory)), levels, device)
+        return cls(SNAC.from_pretrained(str(directory)), levels, device, max_batch)
 
     def _codes(self, frames: torch.Tensor) -> list[torch.Tensor]:
         # frames: [B, n, codes_per_frame] -> one [B, n * len(level)] tensor per level, frame-major
@@ -85,10 +97,12 @@ class SnacCodec:
                 for i in idx:
                     out[i] = np.zeros(0, dtype=np.float32)
                 continue
-            audio = self.decode_frames(np.stack([windows[i][0] for i in idx]))
-            for row, i in enumerate(idx):
-                _, left, right = windows[i]
-                out[i] = audio[row, left * hop : (length - right) * hop]
+            for start in range(0, len(idx), self.max_batch):
+                part = idx[start : start + self.max_batch]
+                audio = self.decode_frames(np.stack([windows[i][0] for i in part]))
+                for row, i in enumerate(part):
+                    _, left, right = windows[i]
+                    out[i] = audio[row, left * hop : (length - right) * hop]
         return out  # type: ignore[return-value]
 
 

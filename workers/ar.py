@@ -21,7 +21,7 @@ from models.engines.base import Engine, FrameConstraint, SamplingParams
 from models.family import CodecLMFamily, InvalidCodeError, TextTokenizer
 from models.streaming import FrameChunker, Window
 from workers.consumer import Delivery
-from workers.runtime import WorkerContext, every
+from workers.runtime import WorkerContext, every, resilient_loop
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,6 @@ class ARWorker:
         self._slot_freed = asyncio.Event()
 
     async def run(self) -> None:
-        await self.consumer.setup()
         stop = self.ctx.stop
         chores = [
             asyncio.create_task(self.consumer.lease_loop(stop)),
@@ -100,19 +99,7 @@ class ARWorker:
         ]
         log.info("AR worker for %s: up to %d segments in flight", self.model, self.max_in_flight)
         try:
-            while not stop.is_set():
-                free = self.max_in_flight - len(self._segments)
-                if free <= 0:
-                    self._slot_freed.clear()
-                    await _first(self._slot_freed.wait(), stop.wait())
-                    continue
-                if await self._downstream_behind():
-                    await _first(asyncio.sleep(0.2), stop.wait())
-                    continue
-                for delivery in await self.consumer.read(free, self.ctx.settings.block_ms):
-                    task = asyncio.create_task(self._handle(delivery))
-                    self._segments[task] = ""
-                    task.add_done_callback(self._segment_finished)
+            await resilient_loop(self._step, self.ctx, self.consumer, f"AR worker ({self.model})")
         finally:
             # Stop: abort the segments in flight (their engine requests with them) and hand their
             # tasks back at once; another AR worker redoes them as new attempts.
@@ -122,6 +109,22 @@ class ARWorker:
             await asyncio.gather(*chores, return_exceptions=True)
             handed = await self.consumer.hand_back()
             log.info("AR worker stopped; handed back %d segment(s)", handed)
+
+    async def _step(self) -> None:
+        """Start as many segments as there are free engine slots (continuous batching)."""
+        stop = self.ctx.stop
+        free = self.max_in_flight - len(self._segments)
+        if free <= 0:
+            self._slot_freed.clear()
+            await _first(self._slot_freed.wait(), stop.wait())
+            return
+        if await self._downstream_behind():
+            await _first(asyncio.sleep(0.2), stop.wait())
+            return
+        for delivery in await self.consumer.read(free, self.ctx.settings.block_ms):
+            task = asyncio.create_task(self._handle(delivery))
+            self._segments[task] = ""
+            task.add_done_callback(self._segment_finished)
 
     async def _downstream_behind(self) -> bool:
         """Back-pressure: hold new segments while decoders or assemblers have a backlog."""

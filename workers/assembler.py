@@ -15,10 +15,11 @@ from collections.abc import Callable
 
 from fleet.messages import AudioChunk, MessageError
 from fleet.names import ASSEMBLER_GROUP, part_object
+from fleet.redis import TRANSIENT_ERRORS
 from fleet.settings import Settings
 from jobs.finalize import enqueue_finalize
 from workers.consumer import Delivery
-from workers.runtime import WorkerContext
+from workers.runtime import WorkerContext, resilient_loop
 
 log = logging.getLogger(__name__)
 
@@ -32,15 +33,17 @@ class Assembler:
         self.consumer = ctx.consumer([ctx.names.audio()], ASSEMBLER_GROUP, "assembler")
 
     async def run(self) -> None:
-        await self.consumer.setup()
         lease = asyncio.create_task(self.consumer.lease_loop(self.ctx.stop))
         try:
-            while not self.ctx.stop.is_set():
-                for delivery in await self.consumer.read(64, self.ctx.settings.block_ms):
-                    await self.handle(delivery)
+            await resilient_loop(self._step, self.ctx, self.consumer, "assembler")
         finally:
             lease.cancel()
             await asyncio.gather(lease, return_exceptions=True)
+
+    async def _step(self) -> None:
+        for delivery in await self.consumer.next_batch(64, self.ctx.settings.block_ms):
+            await self.handle(delivery)  # idempotent: a batch interrupted by an outage is redone
+        self.consumer.batch_done()
 
     async def handle(self, delivery: Delivery) -> None:
         try:
@@ -56,6 +59,8 @@ class Assembler:
                 await self.complete_segment(chunk)
             elif state == "finalizing":  # a redelivery after the last segment: make sure finalize is queued
                 await asyncio.to_thread(self.enqueue, self.ctx.settings, chunk.job_id)
+        except TRANSIENT_ERRORS:
+            raise  # Redis is away: the worker loop waits and redoes this batch
         except Exception:  # noqa: BLE001 - leave it pending: redelivered, then dead-lettered
             log.exception("assembling %s segment %d failed", chunk.job_id, chunk.segment)
             self.consumer.release(delivery)

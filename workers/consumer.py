@@ -57,6 +57,7 @@ class StreamConsumer:
         self.max_deliveries = max_deliveries
         self.held: set[tuple[str, bytes]] = set()  # entries this consumer is working on
         self._last_reclaim = 0.0
+        self._batch: list[Delivery] = []
 
     async def setup(self) -> None:
         for stream in self.streams:
@@ -90,6 +91,16 @@ class StreamConsumer:
             self.held.add((delivery.stream, delivery.entry_id))
             accepted.append(delivery)
         return accepted
+
+    async def next_batch(self, count: int, block_ms: int) -> list[Delivery]:
+        """The batch to work on: the unfinished one again if a Redis outage interrupted it (its
+        leases are still ours), else a fresh ``read``. Call ``batch_done`` when it is handled."""
+        if not self._batch:
+            self._batch = await self.read(count, block_ms)
+        return self._batch
+
+    def batch_done(self) -> None:
+        self._batch = []
 
     async def _reclaim(self, count: int) -> list[Delivery]:
         loop_time = asyncio.get_running_loop().time()

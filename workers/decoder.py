@@ -18,7 +18,7 @@ from fleet.messages import AudioChunk, CodeChunk, MessageError
 from fleet.names import DECODER_GROUP
 from models.snac_codec import to_pcm16
 from workers.consumer import Delivery
-from workers.runtime import WorkerContext
+from workers.runtime import WorkerContext, resilient_loop
 
 log = logging.getLogger(__name__)
 
@@ -53,19 +53,21 @@ class DecoderWorker:
         self.consumer = ctx.consumer([ctx.names.codes(m) for m in codecs], DECODER_GROUP, "decoder")
 
     async def run(self) -> None:
-        await self.consumer.setup()
         lease = asyncio.create_task(self.consumer.lease_loop(self.ctx.stop))
         log.info("decoder for %s", ", ".join(self.codecs))
         try:
-            while not self.ctx.stop.is_set():
-                deliveries = await self.consumer.read(
-                    self.ctx.settings.decode_batch, self.ctx.settings.block_ms
-                )
-                if deliveries:
-                    await self.process(deliveries)
+            await resilient_loop(self._step, self.ctx, self.consumer, "decoder")
         finally:
             lease.cancel()
             await asyncio.gather(lease, return_exceptions=True)
+
+    async def _step(self) -> None:
+        deliveries = await self.consumer.next_batch(
+            self.ctx.settings.decode_batch, self.ctx.settings.block_ms
+        )
+        if deliveries:
+            await self.process(deliveries)  # idempotent: a batch interrupted by an outage is redone
+        self.consumer.batch_done()
 
     async def process(self, deliveries: list[Delivery]) -> None:
         # 1) parse; unreadable entries are dead-lettered and fail their job

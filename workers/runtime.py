@@ -77,6 +77,40 @@ def run_worker(settings: Settings, main: Callable[[WorkerContext], Awaitable[Non
     return 0
 
 
+async def resilient_loop(
+    step: Callable[[], Awaitable[None]], ctx: WorkerContext, consumer: StreamConsumer, what: str
+) -> None:
+    """Run ``step`` until ``ctx.stop``, surviving Redis outages: connection errors back off (0.25 s
+    doubling to 5 s) and retry, a stream or group lost with a non-persistent Redis is recreated.
+    A worker thus waits out a Redis restart instead of crash-looping."""
+    from redis.exceptions import ResponseError
+
+    from fleet.redis import TRANSIENT_ERRORS
+
+    delay = 0.0
+    ready = False
+    while not ctx.stop.is_set():
+        try:
+            if not ready:
+                await consumer.setup()
+                ready = True
+            await step()
+            if delay:
+                log.info("%s: Redis is back", what)
+                delay = 0.0
+        except TRANSIENT_ERRORS as exc:
+            if not delay:
+                log.warning("%s: Redis unavailable (%s); retrying with backoff", what, exc)
+            delay = min(max(delay * 2, 0.25), 5.0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ctx.stop.wait(), delay)
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            log.warning("%s: consumer group gone (Redis lost its data?); recreating it", what)
+            ready = False
+
+
 async def every(interval_s: float, stop: asyncio.Event, fn: Callable[[], Awaitable[None]], what: str) -> None:
     """Call ``fn`` every ``interval_s`` until ``stop``; log and survive its errors."""
     while not stop.is_set():
