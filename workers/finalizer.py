@@ -11,6 +11,8 @@ def run_finalize_worker(settings: Settings, burst: bool = False) -> int:
 
     connection = sync_client(settings)  # RQ pickles payloads: a client without decode_responses
     queue = Queue(settings.finalize_queue, connection=connection)
-    worker = Worker([queue], connection=connection, name=None)
+    # Registry maintenance (which retries or fails the job of a worker that was killed mid-finalize,
+    # once its timeout has passed) every minute instead of RQ's default ten.
+    worker = Worker([queue], connection=connection, maintenance_interval=60)
     worker.work(burst=burst, with_scheduler=True, logging_level="INFO")
     return 0
