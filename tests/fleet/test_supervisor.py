@@ -16,6 +16,7 @@ def test_a_dying_child_is_restarted_with_backoff_and_reported(tmp_path):
         while not sup.crash_looping(2) and time.monotonic() - started < 30:
             sup.poll()
             time.sleep(0.05)
+        sup.children[0].process.wait(timeout=30)  # the third start runs to its exit
     finally:
         sup.stop()
     assert sup.crash_looping(2) == ["bad"]
