@@ -6,6 +6,7 @@ The app never runs a model. Connections are owned by the app's lifespan.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -18,6 +19,7 @@ from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 from sse_starlette import EventSourceResponse
 
 from api.schemas import JobAccepted, JobCreate, JobView, Links, ModelView, Problem
+from fleet.names import parts_prefix
 from fleet.redis import async_client
 from fleet.settings import Settings
 from fleet.storage import Storage, storage_from_settings
@@ -159,6 +161,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         store = state(request).store
         await existing(request, job_id)
         changed = await store.cancel(job_id)
+        if changed:  # assembled segments leave storage (an assembler still writing one deletes its own)
+            await asyncio.to_thread(state(request).storage.delete_prefix, parts_prefix(job_id))
         job = await existing(request, job_id)
         return JSONResponse(_view(job).model_dump(), status_code=202 if changed else 200)
 

@@ -41,14 +41,18 @@ return 'partial'
 
 # KEYS: job, done segments, events, deltas, scratch
 # ARGV: segment, attempt, samples, seconds, now, maxlen, progress events per job
-# Returns {applied (0/1), done, total}. The first attempt to complete a segment wins; later ones only
-# clean up. The last segment moves the job to 'finalizing'.
+# Returns {applied (0/1), done, total}; when not applied, {0, winning attempt, 0} (-1: the job is
+# over). The first attempt to complete a segment wins; later ones only clean up. The last segment
+# moves the job to 'finalizing'.
 SEGMENT_DONE = """
 redis.call('DEL', KEYS[4])
 redis.call('SREM', KEYS[5], KEYS[4])
 local status = redis.call('HGET', KEYS[1], 'status')
-if status ~= 'queued' and status ~= 'running' then return {0, 0, 0} end
-if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2] .. ':' .. ARGV[3]) == 0 then return {0, 0, 0} end
+if status ~= 'queued' and status ~= 'running' then return {0, -1, 0} end
+if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2] .. ':' .. ARGV[3]) == 0 then
+  local winner = redis.call('HGET', KEYS[2], ARGV[1])
+  return {0, tonumber(string.match(winner, '^(%d+):')), 0}
+end
 local done = redis.call('HINCRBY', KEYS[1], 'segments_done', 1)
 local audio = tonumber(redis.call('HINCRBYFLOAT', KEYS[1], 'audio_seconds', ARGV[4]))
 local total = tonumber(redis.call('HGET', KEYS[1], 'segments_total'))

@@ -27,9 +27,13 @@ class Event:
 
 @dataclass(frozen=True, slots=True)
 class SegmentResult:
-    applied: bool  # this call completed the segment (False: another attempt did, or the job ended)
-    done: int
+    applied: bool  # this call completed the segment (False: an attempt did before, or the job ended)
+    done: int  # when not applied: the winning attempt (-1: the job is over)
     total: int
+
+    def keeps_part_of(self, attempt: int) -> bool:
+        """Whether the stored part of ``attempt`` is the segment's audio (else it is garbage)."""
+        return self.applied or self.done == attempt
 
     @property
     def job_complete(self) -> bool:

@@ -76,6 +76,8 @@ class Assembler:
         result = await store.segment_done(
             chunk.job_id, chunk.segment, chunk.attempt, samples, samples / chunk.sample_rate
         )
+        if not result.keeps_part_of(chunk.attempt):  # another attempt won, or the job is over
+            await asyncio.to_thread(self.ctx.storage.delete_prefix, key)
         if result.job_complete:
             log.info("job %s: all %d segments assembled", chunk.job_id, result.total)
             await asyncio.to_thread(self.enqueue, self.ctx.settings, chunk.job_id)

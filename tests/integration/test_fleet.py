@@ -244,6 +244,8 @@ def test_cancel_drops_queued_segments_and_stops_work(fleet, client, raw_redis):
     assert raw_redis.hlen(names.attempts(job_id)) == attempts < 120
     assert client.get(f"/v1/jobs/{job_id}").json()["segments_done"] == done
     assert raw_redis.keys(f"{names.job(job_id)}:deltas:*") == []
+    assert not list((fleet.settings.storage_dir / "parts" / job_id).glob("*"))  # its audio left storage
+    assert 0 < raw_redis.ttl(names.job(job_id)) <= fleet.settings.result_ttl_s  # the job's keys expire
 
 
 def test_health_models_and_openapi(client):

@@ -119,3 +119,22 @@ def test_unreadable_chunk_is_dead_lettered_and_fails_its_job(harness):
     assert got.status == JobStatus.FAILED and "could not be read" in got.error
     letters = asyncio.run(ctx.redis.xrange(ctx.names.dead_letters()))
     assert len(letters) == 1 and json.loads(letters[0][1][b"h"])["job_id"] == job.id
+
+
+def test_when_two_attempts_complete_together_only_the_winner_keeps_a_part(harness):
+    ctx, assembler, _ = harness
+
+    async def main():
+        job = await new_job(ctx, "One. Two.")
+        retry = AudioChunk(job.id, 0, 2, 0, True, 24000, pcm([5, 6]))
+        assert await ctx.store.add_delta(retry) == "complete"  # a retry finishes too...
+        await deliver(
+            ctx, assembler, [AudioChunk(job.id, 0, 1, 0, True, 24000, pcm([5, 6]))]
+        )  # ...but attempt 1 wins
+        await assembler.complete_segment(retry)  # the retry's assembler gets there second
+        return job
+
+    job = asyncio.run(main())
+    assert ctx.storage.get_bytes(part_object(job.id, 0, 1)) == pcm([5, 6])
+    assert not ctx.storage.exists(part_object(job.id, 0, 2))  # no orphan part in storage
+    assert asyncio.run(ctx.store.completed_segments(job.id)) == {0: (1, 2)}
