@@ -21,6 +21,7 @@ random weights.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -325,14 +326,16 @@ def run_offline(args, settings, fleet: dict) -> dict:
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
 
+    from fleet.messages import SegmentTask
     from jobs.segmentation import plan_text
-    from models.engines.base import FrameConstraint, SamplingParams
     from models.engines.vllm_engine import PROCESSOR_FQCN, VllmEngine
     from models.registry import get_model, load_tokenizer
+    from workers.ar import SegmentSynthesizer, StreamingConfig
 
     spec = get_model(settings.default_model, settings)
     family = spec.family
     tokenizer = load_tokenizer(spec, settings)
+    synth = SegmentSynthesizer(family, tokenizer, None, StreamingConfig.from_settings(settings))
     prompts, params = [], []
     for text, manifest in zip(fleet["texts"], fleet["manifests"], strict=True):
         plan = plan_text(text, max_chars=settings.max_segment_chars)
@@ -341,16 +344,10 @@ def run_offline(args, settings, fleet: dict) -> dict:
             if n == 0:
                 continue
             prompts.append(TokensPrompt(prompt_token_ids=family.build_prompt(tokenizer, seg.text, "tara")))
-            ours = SamplingParams(
-                max_tokens=n,
-                temperature=family.sampling.temperature,
-                top_p=family.sampling.top_p,
-                top_k=family.sampling.top_k,
-                repetition_penalty=family.sampling.repetition_penalty,
-                seed=len(params),
-                stop_token_ids=family.layout.stop_token_ids,
-                constraint=FrameConstraint(family.layout),
+            task = SegmentTask(
+                "offline", seg.index, seg.text, settings.default_model, "tara", seed=len(params)
             )
+            ours = dataclasses.replace(synth.sampling_params(task), max_tokens=n)  # the AR worker's sampling
             # exactly the fleet's count of tokens (min_tokens: no early stop), returned at the end
             params.append(
                 VllmEngine.sampling_params(ours, min_tokens=n, output_kind=RequestOutputKind.FINAL_ONLY)
