@@ -328,8 +328,8 @@ def run_offline(args, settings, fleet: dict) -> dict:
 
     from fleet.messages import SegmentTask
     from jobs.segmentation import plan_text
-    from models.engines.vllm_engine import PROCESSOR_FQCN, VllmEngine
-    from models.registry import get_model, load_tokenizer
+    from models.engines.vllm_engine import VllmEngine
+    from models.registry import get_model, load_engine, load_tokenizer
     from workers.ar import SegmentSynthesizer, StreamingConfig
 
     spec = get_model(settings.default_model, settings)
@@ -352,18 +352,7 @@ def run_offline(args, settings, fleet: dict) -> dict:
             params.append(
                 VllmEngine.sampling_params(ours, min_tokens=n, output_kind=RequestOutputKind.FINAL_ONLY)
             )
-    llm = LLM(
-        model=str(spec.checkpoint(settings)),
-        skip_tokenizer_init=True,
-        max_num_seqs=settings.max_num_seqs,
-        max_model_len=settings.max_model_len,
-        dtype=settings.vllm_dtype,
-        gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
-        load_format=settings.vllm_load_format,
-        enable_prefix_caching=True,
-        logits_processors=[PROCESSOR_FQCN],
-        seed=0,
-    )
+    llm = LLM(**load_engine(spec, settings).engine_args())  # exactly the fleet's engine arguments
     llm.generate(prompts[: min(64, len(prompts))], params[: min(64, len(prompts))], use_tqdm=False)  # warm-up
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)

@@ -161,13 +161,17 @@ class VllmEngine:
         self._log_stats_s = log_stats_s
         self._stats_task = None
 
+    def engine_args(self) -> dict:
+        """vLLM engine arguments of this engine (also what the benchmark gives offline ``LLM``)."""
+        return dict(self._engine_kwargs)
+
     async def start(self) -> None:
         """Build the AsyncLLM (spawns the engine core process). Call once, inside the event loop."""
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-        args = AsyncEngineArgs(**self._engine_kwargs)
+        args = AsyncEngineArgs(**self.engine_args())
         self._engine = AsyncLLM.from_engine_args(args)
         log.info("vLLM engine up: %s, max_num_seqs %d", self.model_dir, self.max_num_seqs)
         if self._log_stats_s > 0:
