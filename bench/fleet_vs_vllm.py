@@ -206,6 +206,28 @@ class QueueSampler:
         self._thread.join(5)
 
 
+def start_profilers(args, sup, out: Path) -> list:
+    """py-spy (if installed) samples the AR worker and a decoder in steady state: where the fleet's
+    own Python time goes. Collapsed stacks, one file per process."""
+    import shutil
+    import subprocess
+
+    if args.profile_s <= 0 or not shutil.which("py-spy"):
+        return []
+    procs = []
+    for child in sup.children:
+        if child.name.startswith(("ar-", "decoder-0")) and child.process is not None:
+            procs.append(
+                subprocess.Popen(
+                    ["py-spy", "record", "--nonblocking", "--format", "raw", "--rate", "50",
+                     "--duration", str(args.profile_s), "--pid", str(child.process.pid),
+                     "--output", str(out / f"profile-{child.name}.txt")],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                )
+            )
+    return procs
+
+
 def run_fleet(args, env: dict, settings, log_dir: Path) -> dict:
     import httpx
 
@@ -291,7 +313,10 @@ def run_fleet(args, env: dict, settings, log_dir: Path) -> dict:
         texts = [book(i, args.sentences) for i in range(args.jobs)]
         t0 = time.perf_counter()
         ids = [submit(text, seed=i)[0] for i, text in enumerate(texts)]
+        profilers = start_profilers(args, sup, Path(args.out))
         jobs = wait(ids, args.timeout, partial=True)
+        for proc in profilers:
+            proc.wait(timeout=60)
         wall = time.perf_counter() - t0
         complete = all(j["status"] == "done" for j in jobs)
         sampler.stop()
@@ -336,7 +361,7 @@ def run_offline(args, settings, fleet: dict) -> dict:
     family = spec.family
     tokenizer = load_tokenizer(spec, settings)
     synth = SegmentSynthesizer(family, tokenizer, None, StreamingConfig.from_settings(settings))
-    prompts, params = [], []
+    prompts, params, ours_list = [], [], []
     for text, manifest in zip(fleet["texts"], fleet["manifests"], strict=True):
         plan = plan_text(text, max_chars=settings.max_segment_chars)
         for seg, info in zip(plan.segments, manifest["segments"], strict=True):
@@ -348,6 +373,7 @@ def run_offline(args, settings, fleet: dict) -> dict:
                 "offline", seg.index, seg.text, settings.default_model, "tara", seed=len(params)
             )
             ours = dataclasses.replace(synth.sampling_params(task), max_tokens=n)  # the AR worker's sampling
+            ours_list.append(ours)
             # exactly the fleet's count of tokens (min_tokens: no early stop), returned at the end
             params.append(
                 VllmEngine.sampling_params(ours, min_tokens=n, output_kind=RequestOutputKind.FINAL_ONLY)
@@ -358,12 +384,47 @@ def run_offline(args, settings, fleet: dict) -> dict:
     outs = llm.generate(prompts, params, use_tqdm=False)
     wall = time.perf_counter() - t0
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    return {
+    result = {
         "wall_s": wall,
         "tokens": tokens,
         "requests": len(prompts),
         "expected_tokens": sum(p.max_tokens for p in params),
     }
+    if args.raw_variants:
+        result["variants"] = sampling_variants(llm, prompts, ours_list, args.raw_variants)
+    return result
+
+
+def sampling_variants(llm, prompts, ours: list, count: int) -> dict:
+    """Raw vLLM tokens/s on the first ``count`` requests (at most 40 frames each) with the fleet's
+    sampling and with one setting changed at a time: which part of the sampling costs what."""
+    from vllm.sampling_params import RequestOutputKind
+
+    from models.engines.vllm_engine import VllmEngine
+
+    variants = {
+        "fleet": {},
+        "no_seed": {"seed": None},
+        "top_k50_not_top_p": {"top_p": 1.0, "top_k": 50},
+        "no_repetition_penalty": {"repetition_penalty": 1.0},
+        "no_constraint": {"constraint": None},
+        "plain_top_k50": {"top_p": 1.0, "top_k": 50, "seed": None, "repetition_penalty": 1.0, "constraint": None},
+    }
+    out = {}
+    for name, change in variants.items():
+        params = []
+        for p in ours[:count]:
+            p = dataclasses.replace(p, max_tokens=min(p.max_tokens, 280), **change)
+            params.append(
+                VllmEngine.sampling_params(p, min_tokens=p.max_tokens, output_kind=RequestOutputKind.FINAL_ONLY)
+            )
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts[:count], params, use_tqdm=False)
+        wall = time.perf_counter() - t0
+        tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+        out[name] = {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall}
+        print(f"RESULT raw variant {name}: {tokens} tokens in {wall:.2f} s = {tokens / wall:.0f} tok/s", flush=True)
+    return out
 
 
 def offline_in_subprocess(args, fleet: dict, out: Path) -> dict:
@@ -406,6 +467,8 @@ def main() -> int:
     parser.add_argument("--data-dir", default="/tmp/narrate-bench")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--skip-offline", action="store_true")
+    parser.add_argument("--profile-s", type=int, default=0, help="py-spy the AR worker/decoder this long")
+    parser.add_argument("--raw-variants", type=int, default=0, help="requests in the sampling-variant runs")
     parser.add_argument("--offline-from", help=argparse.SUPPRESS)  # internal: the offline phase's own process
     args = parser.parse_args()
 
@@ -487,6 +550,9 @@ def main() -> int:
             offline_wall_s=offline["wall_s"],
             offline_tokens=offline["tokens"],
             offline_audio_s_per_s=offline_audio / offline["wall_s"],
+            offline_tokens_per_s=offline["tokens"] / offline["wall_s"],
+            fleet_tokens_per_s=fleet_tokens / result["fleet_wall_s"],
+            raw_variants=offline.get("variants"),
         )
         result["ratio_fleet_over_offline"] = result["fleet_audio_s_per_s"] / result["offline_audio_s_per_s"]
         print(
