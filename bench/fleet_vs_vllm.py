@@ -206,26 +206,48 @@ class QueueSampler:
         self._thread.join(5)
 
 
-def start_profilers(args, sup, out: Path) -> list:
-    """py-spy (if installed) samples the AR worker and a decoder in steady state: where the fleet's
-    own Python time goes. Collapsed stacks, one file per process."""
+def py_spy(pid: int, output: Path, seconds: int, subprocesses: bool = False, delay_s: int = 15):
+    """Sample a process (and its children: vLLM's engine core) with py-spy, if installed, for
+    ``seconds``; idle time included, so waiting on the GPU shows. Collapsed stacks, one file."""
     import shutil
     import subprocess
 
-    if args.profile_s <= 0 or not shutil.which("py-spy"):
-        return []
+    if seconds <= 0 or not shutil.which("py-spy"):
+        return None
+    argv = [
+        "py-spy",
+        "record",
+        "--nonblocking",
+        "--idle",
+        "--format",
+        "raw",
+        "--rate",
+        "50",
+        "--duration",
+        str(seconds),
+        "--pid",
+        str(pid),
+        "--output",
+        str(output),
+    ]
+    if subprocesses:
+        argv.append("--subprocesses")
+    # after a delay, so the sample is of the steady state, not the ramp-up
+    return subprocess.Popen(
+        ["sh", "-c", f'sleep {delay_s} && exec "$@"', "py-spy", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def start_profilers(args, sup, out: Path) -> list:
+    """The AR worker with its engine core, and a decoder, in steady state."""
     procs = []
     for child in sup.children:
         if child.name.startswith(("ar-", "decoder-0")) and child.process is not None:
-            procs.append(
-                subprocess.Popen(
-                    ["py-spy", "record", "--nonblocking", "--format", "raw", "--rate", "50",
-                     "--duration", str(args.profile_s), "--pid", str(child.process.pid),
-                     "--output", str(out / f"profile-{child.name}.txt")],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                )
-            )
-    return procs
+            proc = py_spy(child.process.pid, out / f"profile-{child.name}.txt", args.profile_s, True)
+            procs.append(proc)
+    return [p for p in procs if p is not None]
 
 
 def run_fleet(args, env: dict, settings, log_dir: Path) -> dict:
@@ -380,9 +402,12 @@ def run_offline(args, settings, fleet: dict) -> dict:
             )
     llm = LLM(**load_engine(spec, settings).engine_args())  # exactly the fleet's engine arguments
     llm.generate(prompts[: min(64, len(prompts))], params[: min(64, len(prompts))], use_tqdm=False)  # warm-up
+    profiler = py_spy(os.getpid(), Path(args.out) / "profile-offline.txt", args.profile_s, True)
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     wall = time.perf_counter() - t0
+    if profiler is not None:
+        profiler.wait(timeout=60)
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     result = {
         "wall_s": wall,
@@ -408,7 +433,13 @@ def sampling_variants(llm, prompts, ours: list, count: int) -> dict:
         "top_k50_not_top_p": {"top_p": 1.0, "top_k": 50},
         "no_repetition_penalty": {"repetition_penalty": 1.0},
         "no_constraint": {"constraint": None},
-        "plain_top_k50": {"top_p": 1.0, "top_k": 50, "seed": None, "repetition_penalty": 1.0, "constraint": None},
+        "plain_top_k50": {
+            "top_p": 1.0,
+            "top_k": 50,
+            "seed": None,
+            "repetition_penalty": 1.0,
+            "constraint": None,
+        },
     }
     out = {}
     for name, change in variants.items():
@@ -416,14 +447,19 @@ def sampling_variants(llm, prompts, ours: list, count: int) -> dict:
         for p in ours[:count]:
             p = dataclasses.replace(p, max_tokens=min(p.max_tokens, 280), **change)
             params.append(
-                VllmEngine.sampling_params(p, min_tokens=p.max_tokens, output_kind=RequestOutputKind.FINAL_ONLY)
+                VllmEngine.sampling_params(
+                    p, min_tokens=p.max_tokens, output_kind=RequestOutputKind.FINAL_ONLY
+                )
             )
         t0 = time.perf_counter()
         outs = llm.generate(prompts[:count], params, use_tqdm=False)
         wall = time.perf_counter() - t0
         tokens = sum(len(o.outputs[0].token_ids) for o in outs)
         out[name] = {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall}
-        print(f"RESULT raw variant {name}: {tokens} tokens in {wall:.2f} s = {tokens / wall:.0f} tok/s", flush=True)
+        print(
+            f"RESULT raw variant {name}: {tokens} tokens in {wall:.2f} s = {tokens / wall:.0f} tok/s",
+            flush=True,
+        )
     return out
 
 

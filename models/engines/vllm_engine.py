@@ -155,6 +155,8 @@ class VllmEngine:
             enable_prefix_caching=enable_prefix_caching,
             logits_processors=[PROCESSOR_FQCN],
             seed=0,
+            # vLLM's per-step statistics cost engine-core and front-end CPU time: off unless logged
+            disable_log_stats=log_stats_s <= 0,
             **(extra_args or {}),
         )
         self._engine = None
