@@ -14,7 +14,6 @@ eSpeak's voice variants (``!v``: m1-m8, f1-f5, klatt, whisper, ...).
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import re
 import threading
 import unicodedata
@@ -77,9 +76,13 @@ class UnsupportedTextError(ValueError):
 
 
 def unavailable_reason() -> str | None:
-    """Why the eSpeak family cannot run here (None: it can). Cheap: imports nothing."""
-    if importlib.util.find_spec("espeakng_loader") is None:
+    """Why the eSpeak family cannot run here (None: it can). Cheap: imports the loader, not the library."""
+    try:
+        import espeakng_loader
+    except ImportError:
         return f"eSpeak NG is not installed: {INSTALL_HINT}"
+    if not Path(espeakng_loader.get_library_path()).exists():
+        return f"espeakng-loader has no eSpeak NG library for this platform: {espeakng_loader.get_library_path()}"
     return None
 
 
@@ -178,12 +181,13 @@ class _Library:
             raise RuntimeError(f"espeak_Synth failed with status {status}")
 
 
-def _languages(pointer: int | None) -> list[str]:
+def _languages(pointer: int | None) -> list[tuple[int, str]]:
+    """(priority, language) pairs of a voice; a lower priority number is a better match."""
     out = []
     address = pointer or 0
-    while address and ctypes.c_ubyte.from_address(address).value:
+    while address and (priority := ctypes.c_ubyte.from_address(address).value):
         code = ctypes.string_at(address + 1)
-        out.append(code.decode())
+        out.append((priority, code.decode()))
         address += len(code) + 2
     return out
 
@@ -210,10 +214,16 @@ class VoiceCatalogue:
     voices: dict[str, Voice]
     #: variant id (lower case) -> eSpeak's variant file name
     variants: dict[str, str]
+    #: other language codes (en-gb, zh, pt-pt, ...) -> the voice id that serves them best
+    aliases: dict[str, str]
+
+    def _voice(self, language: str) -> Voice | None:
+        key = language.lower()
+        return self.voices.get(key) or self.voices.get(self.aliases.get(key, ""))
 
     def problem(self, voice_id: str) -> str | None:
         language, _, variant = voice_id.partition("+")
-        if language.lower() not in self.voices:
+        if self._voice(language) is None:
             return (
                 f"unknown voice {voice_id!r}: {language!r} is not an eSpeak NG language (see GET /v1/models)"
             )
@@ -226,7 +236,7 @@ class VoiceCatalogue:
         if problem := self.problem(voice_id):
             raise VoiceError(problem)
         language, _, variant = voice_id.partition("+")
-        name = self.voices[language.lower()].identifier
+        name = self._voice(language).identifier
         return f"{name}+{self.variants[variant.lower()]}" if variant else name
 
 
@@ -238,19 +248,25 @@ def catalogue() -> VoiceCatalogue:
         listed = lib.list_voices()
         variants = lib.list_voices(b"variant")
     voices = {}
+    best: dict[str, tuple[int, str]] = {}
     for name, identifier, languages in listed:
-        if (
-            languages
-            and (lib.data_path / f"{_dictionary_of(lib.data_path, identifier, languages[0])}_dict").exists()
-        ):
-            vid = identifier.rsplit("/", 1)[-1].lower()
-            voices[vid] = Voice(vid, name.strip(), identifier, tuple(languages))
+        if not languages:
+            continue
+        dictionary = _dictionary_of(lib.data_path, identifier, languages[0][1])
+        if not (lib.data_path / f"{dictionary}_dict").exists():
+            continue
+        vid = identifier.rsplit("/", 1)[-1].lower()
+        voices[vid] = Voice(vid, name.strip(), identifier, tuple(code for _, code in languages))
+        for priority, code in languages:
+            if code.lower() not in best or priority < best[code.lower()][0]:
+                best[code.lower()] = (priority, vid)
+    aliases = {code: vid for code, (_, vid) in best.items() if code not in voices}
     variant_ids = {}
     for _name, identifier, _ in variants:
         file = identifier.rsplit("/", 1)[-1]
         if re.fullmatch(r"[A-Za-z0-9_-]+", file):
             variant_ids[file.lower()] = file
-    return VoiceCatalogue(voices, variant_ids)
+    return VoiceCatalogue(voices, variant_ids, aliases)
 
 
 def _dictionary_of(data_path: Path, identifier: str, language: str) -> str:
@@ -335,7 +351,7 @@ class EspeakEngine:
             how = {v: self.reading(v, script, letters) for v in self.voices.voices}
             readers = sorted((v for v in how if how[v]), key=lambda v: -how[v])
             hint = (
-                f"voices that read it: {', '.join(readers[:10])}"
+                f"voices that read it: {', '.join(readers[:25])}"
                 if readers
                 else f"no eSpeak NG voice reads {_script_name(script)}"
             )
