@@ -112,6 +112,10 @@ class SpeechWorker:
             await asyncio.gather(*chores, return_exceptions=True)
 
     async def _step(self) -> None:
+        # back-pressure: no new segment while the assemblers have a backlog (as for AR workers)
+        if await self.ctx.redis.xlen(self.ctx.names.audio()) > self.ctx.settings.max_stream_backlog:
+            await asyncio.sleep(0.2)
+            return
         # one segment at a time: this process has one engine, which synthesizes one text at a time
         for delivery in await self.consumer.next_batch(1, self.ctx.settings.block_ms):
             await self.handle(delivery)  # a batch interrupted by an outage is redone as a new attempt
