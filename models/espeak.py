@@ -192,10 +192,16 @@ def _languages(pointer: int | None) -> list[tuple[int, str]]:
     return out
 
 
-@cache
+_LIBRARY: _Library | None = None
+
+
 def _library() -> _Library:
+    """The process's one initialized library (created once, whichever thread asks first)."""
+    global _LIBRARY
     with _LOCK:
-        return _Library()
+        if _LIBRARY is None:
+            _LIBRARY = _Library()
+        return _LIBRARY
 
 
 # --- voices ------------------------------------------------------------------------------------------
