@@ -20,6 +20,7 @@ from sse_starlette import EventSourceResponse
 
 from api.schemas import JobAccepted, JobCreate, JobView, Links, ModelView, Problem
 from fleet.names import parts_prefix
+from fleet.readiness import live_counts
 from fleet.redis import async_client
 from fleet.settings import Settings
 from fleet.storage import Storage, storage_from_settings
@@ -27,7 +28,7 @@ from jobs.audio import FORMATS
 from jobs.model import Job, JobStatus
 from jobs.service import InvalidRequest, JobRequest, submit
 from jobs.store import JobStore
-from models.registry import served_models
+from models.registry import ModelSpec, served_models
 
 _EVENT_ID = re.compile(r"^\d+-\d+$")
 
@@ -52,6 +53,29 @@ def _links(job_id: str) -> Links:
     return Links(self=base, events=f"{base}/events", audio=f"{base}/audio")
 
 
+def _model_view(spec: ModelSpec, settings: Settings, live: dict[tuple[str, str], int]) -> ModelView:
+    family = spec.family
+    workers = {kind: live[(kind, spec.name)] for kind in spec.worker_kinds}
+    view = dict(
+        name=spec.name,
+        description=spec.description,
+        kind="single-stage" if spec.single_stage else "two-stage",
+        sample_rate=family.sample_rate,
+        voices=list(family.voices),
+        default_voice=family.default_voice,
+        default=spec.name == settings.default_model,
+        ready=all(workers.values()),
+        workers=workers,
+    )
+    if spec.single_stage:
+        view.update(
+            variants=list(family.variants),
+            rate=dict(default=family.default_rate, min=family.rate_range[0], max=family.rate_range[1]),
+            pitch=dict(default=family.default_pitch, min=family.pitch_range[0], max=family.pitch_range[1]),
+        )
+    return ModelView(**view)
+
+
 def _view(job: Job) -> JobView:
     return JobView(
         id=job.id,
@@ -61,6 +85,8 @@ def _view(job: Job) -> JobView:
         voice=job.voice,
         format=job.format,
         sample_rate=job.sample_rate,
+        rate=job.rate or None,
+        pitch=job.pitch if job.rate else None,
         segments_done=job.segments_done,
         segments_total=job.segments_total,
         chapters=job.chapters,
@@ -112,18 +138,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/v1/models", response_model=list[ModelView])
     async def list_models(request: Request) -> list[ModelView]:
-        s = state(request).settings
-        return [
-            ModelView(
-                name=spec.name,
-                description=spec.description,
-                sample_rate=spec.family.sample_rate,
-                voices=list(spec.family.voices),
-                default_voice=spec.family.default_voice,
-                default=spec.name == s.default_model,
-            )
-            for spec in served_models(s).values()
-        ]
+        st = state(request)
+        specs = list(served_models(st.settings).values())
+        wanted = [(kind, spec.name) for spec in specs for kind in spec.worker_kinds]
+        live = await live_counts(st.store.redis, st.store.names, wanted, st.settings.heartbeat_s)
+        return [_model_view(spec, st.settings, live) for spec in specs]
 
     @app.post(
         "/v1/jobs",
@@ -142,6 +161,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             sample_rate=body.sample_rate,
             seed=body.seed,
             markdown=body.text_format == "markdown",
+            rate=body.rate,
+            pitch=body.pitch,
         )
         job = await submit(st.store, st.settings, job_request)
         return JobAccepted(

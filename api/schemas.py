@@ -38,6 +38,10 @@ class JobCreate(BaseModel):
         description="Sampling seed; the same seed and text give the same audio.",
     )
     text_format: Literal["markdown", "plain"] = "markdown"
+    rate: int | None = Field(
+        default=None, description="Speaking rate in words per minute (single-stage models, e.g. espeak)."
+    )
+    pitch: int | None = Field(default=None, description="Pitch 0-100 (single-stage models, e.g. espeak).")
 
 
 class Links(BaseModel):
@@ -62,6 +66,10 @@ class JobView(BaseModel):
     voice: str
     format: str
     sample_rate: int
+    rate: int | None = Field(
+        default=None, description="Speaking rate (words per minute), if the model has one."
+    )
+    pitch: int | None = Field(default=None, description="Pitch (0-100), if the model has one.")
     segments_done: int
     segments_total: int
     chapters: int
@@ -78,10 +86,22 @@ class JobView(BaseModel):
 class ModelView(BaseModel):
     name: str
     description: str
+    kind: Literal["two-stage", "single-stage"] = Field(
+        description="two-stage: AR + decoder workers; single-stage: speech workers."
+    )
     sample_rate: int
-    voices: list[str]
+    voices: list[str] = Field(description="Voice ids a job may name.")
+    variants: list[str] = Field(
+        default_factory=list, description="Single-stage models: a voice may be '<voice>+<variant>'."
+    )
     default_voice: str
     default: bool
+    rate: dict[str, int] | None = Field(
+        default=None, description="Speaking rate in words per minute: default, min, max (if settable)."
+    )
+    pitch: dict[str, int] | None = Field(default=None, description="Pitch: default, min, max (if settable).")
+    ready: bool = Field(description="Every worker kind this model needs has a live worker right now.")
+    workers: dict[str, int] = Field(description="Live workers per kind this model needs.")
 
 
 class Problem(BaseModel):

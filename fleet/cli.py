@@ -2,7 +2,7 @@
 
 narrate file book.md -o book.wav     narrate a text file on embedded defaults (no Redis/S3/GPU needed)
 narrate fleet                        API + all workers as child processes (embedded Valkey if no REDIS_URL)
-narrate api | ar-worker | decoder-worker | assembler | finalize-worker
+narrate api | ar-worker | decoder-worker | speech-worker | assembler | finalize-worker
                                      one stage alone, against the Redis in REDIS_URL
 narrate models                       the models and voices this fleet serves
 """
@@ -65,6 +65,14 @@ def cmd_decoder_worker(args: argparse.Namespace, settings: Settings) -> int:
     return run_worker(settings, lambda ctx: run_decoder_worker(ctx, models))
 
 
+def cmd_speech_worker(args: argparse.Namespace, settings: Settings) -> int:
+    from workers.runtime import run_worker
+    from workers.speech import run_speech_worker
+
+    models = [m for m in (args.models or settings.models).split(",") if m]
+    return run_worker(settings, lambda ctx: run_speech_worker(ctx, models))
+
+
 def cmd_assembler(args: argparse.Namespace, settings: Settings) -> int:
     from workers.assembler import run_assembler
     from workers.runtime import run_worker
@@ -85,6 +93,11 @@ def cmd_models(args: argparse.Namespace, settings: Settings) -> int:
         default = " (default)" if spec.name == settings.default_model else ""
         print(f"{spec.name}{default}: {spec.description}")
         print(f"  voices: {', '.join(spec.family.voices)}; {spec.family.sample_rate} Hz")
+        if spec.single_stage:
+            f = spec.family
+            print(f"  variants (<voice>+<variant>): {', '.join(f.variants)}")
+            print(f"  rate {f.rate_range[0]}-{f.rate_range[1]} wpm (default {f.default_rate}); pitch "
+                  f"{f.pitch_range[0]}-{f.pitch_range[1]} (default {f.default_pitch})")  # fmt: skip
     return 0
 
 
@@ -104,6 +117,7 @@ def cmd_fleet(args: argparse.Namespace, settings: Settings) -> int:
             finalizers=args.finalizers,
             models=list(settings.model_names),
             api_port=args.port,
+            speech_workers=args.speech_workers or settings.speech_worker_count,
         )
         supervisor = Supervisor(children, child_env(settings))
         stack.callback(supervisor.stop)
@@ -123,6 +137,7 @@ def cmd_file(args: argparse.Namespace, settings: Settings) -> int:
     from fleet.supervisor import Supervisor, child_env, fleet_children
     from jobs.service import InvalidRequest, JobRequest
 
+    settings = _embedded_model(args, settings)
     text = Path(args.input).read_text(encoding="utf-8")
     output = Path(args.output or Path(args.input).with_suffix(f".{args.format}"))
     request = JobRequest(
@@ -137,9 +152,14 @@ def cmd_file(args: argparse.Namespace, settings: Settings) -> int:
     )
     with ExitStack() as stack:
         settings = _settings_with_redis(settings, stack)
-        model = request.model or settings.default_model
         children = fleet_children(
-            api=False, ar_workers=1, decoders=1, assemblers=1, finalizers=1, models=[model]
+            api=False,
+            ar_workers=1,
+            decoders=1,
+            assemblers=1,
+            finalizers=1,
+            models=[settings.default_model],
+            speech_workers=settings.speech_worker_count,
         )
         supervisor = Supervisor(children, child_env(settings), log_dir=settings.data_dir / "logs")
         stack.callback(supervisor.stop)
@@ -149,6 +169,29 @@ def cmd_file(args: argparse.Namespace, settings: Settings) -> int:
         except InvalidRequest as exc:
             print(f"narrate: {exc}", file=sys.stderr)
             return 2
+
+
+def _embedded_model(args: argparse.Namespace, settings: Settings) -> Settings:
+    """The model ``narrate file`` uses: --model, else NARRATE_DEFAULT_MODEL, else the eSpeak NG voice
+    when the espeak extra is installed, else ``tiny`` (noise) with a warning. NARRATE_MODELS, when
+    not set, becomes that one model."""
+    from models.espeak import unavailable_reason
+
+    model = args.model
+    if model is None and "default_model" in settings.model_fields_set:
+        model = settings.default_model
+    if model is None:
+        if (reason := unavailable_reason()) is None:
+            model = "espeak"
+        else:
+            model = "tiny"
+            print(
+                f"narrate: warning: {reason}\n"
+                "narrate: narrating with the 'tiny' test model instead: its audio is noise, not speech",
+                file=sys.stderr,
+            )
+    models = settings.models if "models" in settings.model_fields_set else model
+    return settings.model_copy(update={"default_model": model, "models": models})
 
 
 async def _narrate_file(settings: Settings, request, output: Path, supervisor) -> int:
@@ -227,6 +270,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decoders", type=int, default=1)
     p.add_argument("--assemblers", type=int, default=1)
     p.add_argument("--finalizers", type=int, default=1)
+    p.add_argument(
+        "--speech-workers",
+        type=int,
+        help="speech workers (default: NARRATE_SPEECH_WORKERS or half the cores)",
+    )
     p.set_defaults(func=cmd_fleet)
 
     p = sub.add_parser("api", help="the HTTP API")
@@ -241,6 +289,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("decoder-worker", help="stage 1: a codec decoder worker")
     p.add_argument("--models", help="comma separated (default: NARRATE_MODELS)")
     p.set_defaults(func=cmd_decoder_worker)
+
+    p = sub.add_parser("speech-worker", help="single-stage models (eSpeak NG): text to delta audio")
+    p.add_argument("--models", help="comma separated (default: NARRATE_MODELS)")
+    p.set_defaults(func=cmd_speech_worker)
 
     p = sub.add_parser("assembler", help="assembles segments, publishes progress, queues finalize")
     p.set_defaults(func=cmd_assembler)

@@ -59,6 +59,9 @@ class SegmentTask:
     model: str
     voice: str
     seed: int
+    #: Speaking rate (words per minute) and pitch (0-100) for models that take them; 0: none.
+    rate: int = 0
+    pitch: int = 0
 
     def encode(self) -> Fields:
         return _pack(self.KIND, asdict(self))

@@ -15,6 +15,8 @@ AR_GROUP = "ar"
 DECODER_GROUP = "decoder"
 #: Consumer group of assemblers on the audio stream.
 ASSEMBLER_GROUP = "assembler"
+#: Consumer group of speech workers (single-stage models) on a model's task stream.
+SPEECH_GROUP = "speech"
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,12 @@ class Names:
     def dead_letters(self) -> str:
         """Stream of messages that failed permanently or too often, with their error."""
         return f"{self.prefix}:dead"
+
+    # --- readiness -----------------------------------------------------------------------------
+    def live_workers(self, kind: str, model: str) -> str:
+        """Sorted set: worker (consumer name) -> unix time of its last heartbeat, per worker kind
+        ("ar", "decoder", "speech") and model. Members older than 3 heartbeats are dead."""
+        return f"{self.prefix}:live:{kind}:{model}"
 
     # --- jobs ----------------------------------------------------------------------------------
     def jobs_index(self) -> str:

@@ -79,6 +79,12 @@ class Settings(BaseSettings):
     vllm_log_stats_s: float = 10.0
     #: Local checkpoint directory of the "orpheus" model (LM + tokenizer; codec under snac/).
     orpheus_dir: Path | None = None
+    #: Speech worker processes (single-stage models such as espeak; one engine, one segment at a
+    #: time each) that the fleet commands start; 0: half the CPU cores, 1 to 4.
+    speech_workers: int = 0
+    #: A speech worker publishes an AudioChunk per this much audio (its first as soon as eSpeak NG
+    #: hands over its first piece, for a fast first audio), milliseconds.
+    speech_chunk_ms: int = 1000
 
     # --- streaming (I1) ------------------------------------------------------------------------
     #: Frames of new audio per code chunk.
@@ -97,6 +103,8 @@ class Settings(BaseSettings):
     reclaim_idle_ms: int = 60_000
     #: Deliveries before a message is dead-lettered and its job failed.
     max_deliveries: int = 5
+    #: Workers refresh their readiness entry this often; one silent for 3 heartbeats is dead (s).
+    heartbeat_s: float = 5.0
     #: Code chunks decoded together by one decoder.
     decode_batch: int = 32
     #: Back-pressure: AR workers start no new segment while the code-chunk or the audio stream holds
@@ -133,6 +141,12 @@ class Settings(BaseSettings):
     @property
     def model_names(self) -> tuple[str, ...]:
         return tuple(m.strip() for m in self.models.split(",") if m.strip())
+
+    @property
+    def speech_worker_count(self) -> int:
+        if self.speech_workers > 0:
+            return self.speech_workers
+        return max(1, min(4, (os.cpu_count() or 2) // 2))
 
     @property
     def storage_dir(self) -> Path:

@@ -112,16 +112,25 @@ def fleet_children(
     finalizers: int,
     models: list[str],
     api_port: int | None = None,
+    speech_workers: int = 1,
 ) -> list[Child]:
+    """The children of a fleet: AR workers (per model) and decoders for two-stage models, speech
+    workers for single-stage ones (models/single_stage.py), and the stages every job goes through."""
+    from models.registry import MODELS
+
+    single = [m for m in models if m in MODELS and MODELS[m].single_stage]
+    two_stage = [m for m in models if m not in single]
     children: list[Child] = []
     if api:
         extra = ["--port", str(api_port)] if api_port else []
         children.append(Child("api", cli_argv("api", *extra)))
-    for model in models:
+    for model in two_stage:
         for i in range(ar_workers):
             children.append(Child(f"ar-{model}-{i}", cli_argv("ar-worker", "--model", model)))
-    for i in range(decoders):
-        children.append(Child(f"decoder-{i}", cli_argv("decoder-worker", "--models", ",".join(models))))
+    for i in range(decoders if two_stage else 0):
+        children.append(Child(f"decoder-{i}", cli_argv("decoder-worker", "--models", ",".join(two_stage))))
+    for i in range(speech_workers if single else 0):
+        children.append(Child(f"speech-{i}", cli_argv("speech-worker", "--models", ",".join(single))))
     for i in range(assemblers):
         children.append(Child(f"assembler-{i}", cli_argv("assembler")))
     for i in range(finalizers):

@@ -65,6 +65,9 @@ class Job:
     error: str = ""
     audio_key: str = ""
     duration_s: float = 0.0
+    #: Speaking rate and pitch (single-stage models); 0 for models without these settings.
+    rate: int = 0
+    pitch: int = 0
 
     def to_hash(self) -> dict[str, str]:
         return {f.name: str(getattr(self, f.name)) for f in fields(self)}

@@ -38,6 +38,9 @@ class JobRequest:
     sample_rate: int | None = None
     seed: int = 0
     markdown: bool = True
+    #: Speaking rate (words per minute) and pitch (0-100): single-stage models only; None: default.
+    rate: int | None = None
+    pitch: int | None = None
 
 
 def segment_seed(job_seed: int, voice: str, text: str) -> int:
@@ -61,7 +64,11 @@ def validate(request: JobRequest, settings: Settings) -> tuple[Job, Plan]:
         raise InvalidRequest(str(exc), 422) from exc
     family = spec.family
     voice = request.voice or family.default_voice
-    if voice not in family.voices:
+    speech_rate, pitch = _prosody(spec, request)
+    if spec.single_stage:
+        if problem := family.voice_problem(voice):
+            raise InvalidRequest(f"{problem} (model {spec.name!r})", 422)
+    elif voice not in family.voices:
         raise InvalidRequest(
             f"unknown voice {voice!r} for model {spec.name!r}; voices: {', '.join(family.voices)}", 422
         )
@@ -89,8 +96,24 @@ def validate(request: JobRequest, settings: Settings) -> tuple[Job, Plan]:
         segments_total=len(plan.segments),
         chapters=len(plan.chapters),
         created_at=time.time(),
+        rate=speech_rate,
+        pitch=pitch,
     )
     return job, plan
+
+
+def _prosody(spec, request: JobRequest) -> tuple[int, int]:
+    """The job's (rate, pitch): the single-stage family's defaults, or (0, 0) for a model without them."""
+    if not spec.single_stage:
+        if request.rate is not None or request.pitch is not None:
+            raise InvalidRequest(f"model {spec.name!r} has no rate or pitch settings", 422)
+        return 0, 0
+    family = spec.family
+    rate = family.default_rate if request.rate is None else request.rate
+    pitch = family.default_pitch if request.pitch is None else request.pitch
+    if problem := family.prosody_problem(rate, pitch):
+        raise InvalidRequest(problem, 422)
+    return rate, pitch
 
 
 def tasks_for(job: Job, plan: Plan) -> list[SegmentTask]:
@@ -102,6 +125,8 @@ def tasks_for(job: Job, plan: Plan) -> list[SegmentTask]:
             model=job.model,
             voice=job.voice,
             seed=segment_seed(job.seed, job.voice, s.text),
+            rate=job.rate,
+            pitch=job.pitch,
         )
         for s in plan.segments
     ]

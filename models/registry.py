@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleet.settings import Settings
+from models.espeak import unavailable_reason as espeak_unavailable
 from models.family import CodecLMFamily, SamplingDefaults
 from models.orpheus import orpheus_family
+from models.single_stage import SingleStageFamily, espeak_family
 
 
 class UnknownModelError(KeyError):
@@ -24,7 +26,8 @@ class UnknownModelError(KeyError):
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    family: CodecLMFamily
+    #: Two-stage (codec LM + decoder) or single-stage (one engine yields audio; models/single_stage.py).
+    family: CodecLMFamily | SingleStageFamily
     description: str
     #: The checkpoint directory for these settings (built if need be), or None if not configured.
     locate: Callable[[Settings], Path | None]
@@ -36,6 +39,15 @@ class ModelSpec:
         if path is None:
             raise UnknownModelError(f"model {self.name!r} has no checkpoint configured")
         return path
+
+    @property
+    def single_stage(self) -> bool:
+        return isinstance(self.family, SingleStageFamily)
+
+    @property
+    def worker_kinds(self) -> tuple[str, ...]:
+        """The worker kinds that must be live for this model's jobs to progress (see fleet/readiness.py)."""
+        return ("speech",) if self.single_stage else ("ar", "decoder")
 
 
 def _local_checkpoint_problem(setting: str, value: Path | None) -> str | None:
@@ -79,6 +91,14 @@ MODELS: dict[str, ModelSpec] = {
             description="Orpheus 3B (Llama-3.2-3B + SNAC 24 kHz) from NARRATE_ORPHEUS_DIR",
             locate=lambda s: s.orpheus_dir,
             problem=lambda s: _local_checkpoint_problem("NARRATE_ORPHEUS_DIR", s.orpheus_dir),
+        ),
+        ModelSpec(
+            name="espeak",
+            family=espeak_family(),
+            description="eSpeak NG 1.52: formant speech in 100+ languages on one CPU core, single-stage "
+            "(optional extra 'espeak', GPL-3.0-or-later)",
+            locate=lambda _settings: None,
+            problem=lambda _settings: espeak_unavailable(),
         ),
     )
 }

@@ -21,7 +21,7 @@ from models.engines.base import Engine, FrameConstraint, SamplingParams
 from models.family import CodecLMFamily, InvalidCodeError, TextTokenizer
 from models.streaming import FrameChunker, Window
 from workers.consumer import Delivery
-from workers.runtime import WorkerContext, every, resilient_loop
+from workers.runtime import WorkerContext, every, heartbeat, resilient_loop
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,7 @@ class ARWorker:
         chores = [
             asyncio.create_task(self.consumer.lease_loop(stop)),
             asyncio.create_task(every(0.25, stop, self._abort_ended_jobs, "cancel check")),
+            asyncio.create_task(heartbeat(self.ctx, "ar", [self.model])),
         ]
         log.info("AR worker for %s: up to %d segments in flight", self.model, self.max_in_flight)
         try:

@@ -18,7 +18,7 @@ from fleet.messages import AudioChunk, CodeChunk, MessageError
 from fleet.names import DECODER_GROUP
 from models.snac_codec import to_pcm16
 from workers.consumer import Delivery
-from workers.runtime import WorkerContext, resilient_loop
+from workers.runtime import WorkerContext, heartbeat, resilient_loop
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +53,17 @@ class DecoderWorker:
         self.consumer = ctx.consumer([ctx.names.codes(m) for m in codecs], DECODER_GROUP, "decoder")
 
     async def run(self) -> None:
-        lease = asyncio.create_task(self.consumer.lease_loop(self.ctx.stop))
+        chores = [
+            asyncio.create_task(self.consumer.lease_loop(self.ctx.stop)),
+            asyncio.create_task(heartbeat(self.ctx, "decoder", list(self.codecs))),
+        ]
         log.info("decoder for %s", ", ".join(self.codecs))
         try:
             await resilient_loop(self._step, self.ctx, self.consumer, "decoder")
         finally:
-            lease.cancel()
-            await asyncio.gather(lease, return_exceptions=True)
+            for chore in chores:
+                chore.cancel()
+            await asyncio.gather(*chores, return_exceptions=True)
 
     async def _step(self) -> None:
         deliveries = await self.consumer.next_batch(

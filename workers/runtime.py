@@ -120,3 +120,20 @@ async def every(interval_s: float, stop: asyncio.Event, fn: Callable[[], Awaitab
             log.exception("%s failed", what)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), interval_s)
+
+
+async def heartbeat(ctx: WorkerContext, kind: str, models: list[str]) -> None:
+    """Announce this worker as live for ``models`` until ``ctx.stop`` (fleet/readiness.py), then leave."""
+    from fleet import readiness
+
+    member = consumer_name(kind)
+    interval = ctx.settings.heartbeat_s
+
+    async def beat() -> None:
+        await readiness.beat(ctx.redis, ctx.names, kind, models, member, interval)
+
+    try:
+        await every(interval, ctx.stop, beat, f"{kind} heartbeat")
+    finally:
+        with contextlib.suppress(Exception):  # a dead Redis forgets us anyway: the entry ages out
+            await readiness.leave(ctx.redis, ctx.names, kind, models, member)

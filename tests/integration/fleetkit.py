@@ -75,7 +75,14 @@ class RunningFleet:
 
 
 def start_fleet(
-    settings: Settings, log_dir: Path, *, ar_workers=1, decoders=1, assemblers=1, finalizers=1
+    settings: Settings,
+    log_dir: Path,
+    *,
+    ar_workers=1,
+    decoders=1,
+    assemblers=1,
+    finalizers=1,
+    speech_workers=1,
 ) -> RunningFleet:
     port = free_port()
     children = fleet_children(
@@ -86,6 +93,7 @@ def start_fleet(
         finalizers=finalizers,
         models=list(settings.model_names),
         api_port=port,
+        speech_workers=speech_workers,
     )
     supervisor = Supervisor(children, child_env(settings), log_dir=log_dir)
     supervisor.start()

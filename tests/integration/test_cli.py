@@ -3,17 +3,63 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 import soundfile as sf
+
+from models.espeak import unavailable_reason
+from tests.conftest import require
 
 pytestmark = pytest.mark.integration
 
 
+def _without_espeak(tmp_path) -> str:
+    """A PYTHONPATH on which ``import espeakng_loader`` fails, as on a machine without the extra."""
+    fake = tmp_path / "no-espeak" / "espeakng_loader"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('the espeak extra is not installed')\n")
+    return os.pathsep.join(p for p in (str(fake.parent), os.environ.get("PYTHONPATH", "")) if p)
+
+
+def test_the_readme_first_command_speaks(tmp_path):
+    """The README's first command, from `narrate file` on (the venv and `pip install -e '.[espeak]'`
+    are this test run's own): eSpeak NG by default, speech at 22.05 kHz, chapters, no download."""
+    require(unavailable_reason() is None, f"eSpeak NG: {unavailable_reason()}")
+    root = Path(__file__).parents[2]
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    command = next(line.strip() for line in readme.splitlines() if "bin/narrate file" in line)
+    install, _, narrate = command.rpartition("&& .venv/bin/narrate ")
+    assert "pip install -e '.[espeak]'" in install, command
+    shutil.copytree(root / "examples", tmp_path / "examples")
+    data = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL" and not k.startswith("NARRATE_")}
+    env["NARRATE_DATA_DIR"] = str(data)
+    result = subprocess.run(
+        [sys.executable, "-m", "fleet.cli", *shlex.split(narrate)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "warning" not in result.stderr
+    audio, rate = sf.read(tmp_path / "lighthouse.wav", dtype="int16")
+    assert rate == 22050 and 60 < audio.size / rate < 180  # 51 sentences, ~108 s measured
+    assert np.sqrt(np.mean(audio.astype(float) ** 2)) > 1000  # speech, not silence or noise-free gaps
+    assert "51 segments, 3 chapters" in result.stdout and "100%" in result.stderr
+    assert "started speech-0" in result.stderr and "started ar-" not in result.stderr  # no AR/decoder
+    assert not (data / "models").exists()  # nothing built or downloaded
+
+
 def test_narrate_file_on_embedded_defaults(tmp_path, tiny_dir):
+    """Without the espeak extra: the tiny model (noise), with a warning that says how to get speech."""
     data = tmp_path / "data"
     (data / "models").mkdir(parents=True)
     shutil.copytree(tiny_dir, data / "models" / tiny_dir.name)  # skip rebuilding the tiny model
@@ -21,6 +67,7 @@ def test_narrate_file_on_embedded_defaults(tmp_path, tiny_dir):
     book.write_text("# One\n\nHello there. How are you?\n\n# Two\n\nFine, thanks.", encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL" and not k.startswith("NARRATE_")}
     env["NARRATE_DATA_DIR"] = str(data)
+    env["PYTHONPATH"] = _without_espeak(tmp_path)
     result = subprocess.run(
         [sys.executable, "-m", "fleet.cli", "file", str(book), "-o", str(tmp_path / "book.wav")],
         env=env,
@@ -33,6 +80,7 @@ def test_narrate_file_on_embedded_defaults(tmp_path, tiny_dir):
     assert info.samplerate == 24000 and info.frames > 24000
     assert "5 segments, 2 chapters" in result.stdout
     assert "100%" in result.stderr  # the progress bar ran to the end
+    assert "warning: eSpeak NG is not installed" in result.stderr and "'tiny' test model" in result.stderr
     # the embedded server kept its data, append-only, in the data dir
     assert any((data / "valkey" / "appendonlydir").iterdir())
 

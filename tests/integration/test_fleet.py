@@ -184,6 +184,7 @@ def _queue_state(r: redis.Redis, names: Names) -> tuple:
         ({"text": "Hi.", "voice": "nobody"}, 422, "unknown voice 'nobody'"),
         ({"text": "Hi.", "format": "mp4"}, 422, "unsupported format 'mp4'"),
         ({"text": "Hi.", "sample_rate": 12345}, 422, "unsupported sample rate 12345"),
+        ({"text": "Hi.", "rate": 200}, 422, "model 'tiny' has no rate or pitch settings"),
         ({"text": "```\nonly code\n```"}, 422, "nothing to narrate"),
         ({"words": "Hi."}, 422, "text: Field required"),
         ({"text": 5}, 422, "text"),
@@ -252,6 +253,9 @@ def test_health_models_and_openapi(client):
     assert client.get("/health").json() == {"status": "ok"}
     models = client.get("/v1/models").json()
     assert models[0]["name"] == "tiny" and "tara" in models[0]["voices"] and models[0]["default"]
+    # the fleet's AR worker and decoder heartbeat: the two-stage model is ready
+    assert models[0]["kind"] == "two-stage" and models[0]["workers"] == {"ar": 1, "decoder": 1}
+    assert models[0]["ready"]
     spec = client.get("/openapi.json").json()
     assert {"/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/events", "/v1/jobs/{job_id}/audio"} <= set(
         spec["paths"]

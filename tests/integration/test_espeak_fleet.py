@@ -1,0 +1,203 @@
+"""The single-stage family end to end: API, speech workers (eSpeak NG), assembler and finalizer as real
+processes on a real Redis. Speech where the text is, silence where the structure says, the right rate."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+
+import numpy as np
+import pytest
+import redis
+
+from fleet.names import Names
+from fleet.settings import Settings
+from jobs.audio import Pauses
+from jobs.segmentation import plan_text
+from models.espeak import unavailable_reason
+from tests.conftest import require
+from tests.integration.fleetkit import BOOK, download, read_sse, start_fleet, submit, wait_done
+
+pytestmark = pytest.mark.integration
+RATE = 22_050
+#: Words per minute of a segment at eSpeak's default rate (175): measured 116-304 (median 200) over the
+#: book's 51 segments; short monosyllabic sentences run fast ("In the box lay a brass key." 304), words
+#: written as one and said as two slow ('"Forty-two," he said.' 116). A truncated segment or a stray
+#: gap inside one moves most segments out of the band; the sample rate is asserted on its own.
+WPM_BAND = (80, 350)
+
+
+@pytest.fixture(scope="module")
+def fleet(redis_url, data_dir, tmp_path_factory):
+    require(unavailable_reason() is None, f"eSpeak NG: {unavailable_reason()}")
+    from tests.conftest import delete_prefix
+
+    prefix = f"espeak-{int(time.time() * 1000) % 10**9}"
+    settings = Settings(
+        redis_url=redis_url,
+        key_prefix=prefix,
+        data_dir=data_dir,
+        models="espeak",
+        default_model="espeak",
+        block_ms=200,
+        reclaim_idle_ms=10_000,
+        heartbeat_s=1,
+    )
+    running = start_fleet(settings, tmp_path_factory.mktemp("espeak-logs"), speech_workers=2)
+    yield running
+    running.stop()
+    delete_prefix(redis_url, prefix)
+
+
+@pytest.fixture
+def client(fleet):
+    with fleet.client() as c:
+        yield c
+
+
+def words(text: str) -> int:
+    return len(re.findall(r"[\w'-]+", text))
+
+
+def manifest(fleet, job_id: str) -> dict:
+    return json.loads((fleet.settings.storage_dir / "audio" / f"{job_id}.json").read_text())
+
+
+def rms(x: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(x.astype(np.float64) ** 2))) if x.size else 0.0
+
+
+def segment_wpm(job_manifest: dict) -> dict[int, float]:
+    return {
+        s["index"]: words(s["text"]) / ((s["end_s"] - s["start_s"]) / 60) for s in job_manifest["segments"]
+    }
+
+
+def test_models_lists_voices_and_readiness(fleet, client):
+    deadline = time.monotonic() + 60
+    while True:
+        (model,) = client.get("/v1/models").json()
+        if model["ready"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert model["name"] == "espeak" and model["kind"] == "single-stage" and model["default"]
+    assert model["ready"] and model["workers"] == {"speech": 2}, fleet.logs()
+    assert model["sample_rate"] == RATE and model["default_voice"] == "en-us"
+    assert {"en-us", "en", "fr", "de", "cmn"} <= set(model["voices"]) and "f3" in model["variants"]
+    assert model["rate"] == {"default": 175, "min": 80, "max": 450}
+
+
+def test_a_markdown_book_with_chapters(fleet, client):
+    accepted = submit(client, text=BOOK, title="The Lighthouse", voice="en-us")
+    job_id = accepted["id"]
+    plan = plan_text(BOOK)
+    assert accepted["segments_total"] == len(plan.segments) == 51 and accepted["chapters"] == 3
+    events = list(read_sse(client, accepted["links"]["events"], timeout=120))
+    assert events[-1].event == "done", [e.event for e in events][-5:]
+    reported = {json.loads(e.data)["index"] for e in events if e.event == "segment"}
+    assert reported == set(range(51))
+    status = client.get(f"/v1/jobs/{job_id}").json()
+    assert status["sample_rate"] == RATE and status["rate"] == 175 and status["pitch"] == 50
+
+    audio, rate = download(client, job_id)
+    assert rate == RATE and audio.dtype == np.int16 and audio.ndim == 1
+    m = manifest(fleet, job_id)
+    assert m["sample_rate"] == RATE and m["samples"] == audio.size
+    s = fleet.settings
+    pauses = Pauses(s.sentence_pause_ms, s.paragraph_pause_ms, s.chapter_pause_ms)
+    by_index = {seg.index: seg for seg in plan.segments}
+    # speech where the text is: every segment is loud enough to be speech all along its length
+    for seg in m["segments"]:
+        a, b = round(seg["start_s"] * RATE), round(seg["end_s"] * RATE)
+        piece = audio[a:b]
+        assert rms(piece) > 1000, f"segment {seg['index']} ({seg['text']!r}) is too quiet"
+        halves = np.array_split(piece, 2)
+        assert min(rms(h) for h in halves) > 300, f"segment {seg['index']} has a long silent half"
+    # each segment lasts as long as its words take to say
+    wpm = segment_wpm(m)
+    print(f"\nwords per minute over {len(wpm)} segments: min {min(wpm.values()):.0f}, "
+          f"median {np.median(list(wpm.values())):.0f}, max {max(wpm.values()):.0f}")  # fmt: skip
+    assert all(WPM_BAND[0] < w < WPM_BAND[1] for w in wpm.values()), wpm
+    # silence where the structure says, of the length it says
+    for seg, nxt in zip(m["segments"], m["segments"][1:], strict=False):
+        gap = round((nxt["start_s"] - seg["end_s"]) * RATE)
+        assert gap == pauses.samples(by_index[seg["index"]].pause_after, RATE)
+        assert not audio[round(seg["end_s"] * RATE) : round(nxt["start_s"] * RATE)].any()
+    kinds = [by_index[i].pause_after.value for i in range(50)]
+    assert kinds.count("chapter") == 2 and kinds.count("paragraph") > 0  # chapter ends, paragraph ends
+    # chapters start where their first segment (the heading) starts
+    starts = {seg["index"]: seg["start_s"] for seg in m["segments"]}
+    assert [c["start_s"] for c in m["chapters"]] == [starts[c.first_segment] for c in plan.chapters]
+    assert [c["title"] for c in m["chapters"]] == [c.title for c in plan.chapters]
+    # nothing left in flight
+    r = redis.Redis.from_url(s.redis_url)
+    names = Names(s.key_prefix)
+    assert r.xlen(names.tasks("espeak")) == 0 and r.xlen(names.audio()) == 0
+    r.close()
+
+
+def test_two_jobs_in_different_voices_at_once(fleet, client):
+    text = BOOK.split("# Chapter Two")[0]
+    results: dict[str, dict] = {}
+
+    def run(voice: str, **extra) -> None:
+        job = submit(client, text=text, voice=voice, **extra)
+        results[voice] = wait_done(client, job["id"], timeout=120)
+
+    threads = [threading.Thread(target=run, args=(v,)) for v in ("en-us", "en-gb+f3")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert {v: r["status"] for v, r in results.items()} == {"en-us": "done", "en-gb+f3": "done"}
+    us, _ = download(client, results["en-us"]["id"])
+    gb, _ = download(client, results["en-gb+f3"]["id"])
+    n = min(us.size, gb.size)
+    assert us.size != gb.size or np.corrcoef(us[:n], gb[:n])[0, 1] < 0.5  # two different voices
+    from tests.models.test_espeak import f0
+
+    assert f0(gb) > 1.3 * f0(us)  # the female variant speaks higher: no crosstalk between the jobs
+    for voice, result in results.items():
+        wpm = segment_wpm(manifest(fleet, result["id"]))
+        assert all(WPM_BAND[0] < w < WPM_BAND[1] for w in wpm.values()), (voice, wpm)
+
+
+def test_rate_is_a_job_setting(fleet, client):
+    text = "# Fast\n\nThe walk took an hour. The path was steep; the wind was cold."
+    slow = wait_done(client, submit(client, text=text, rate=120)["id"], timeout=60)
+    fast = wait_done(client, submit(client, text=text, rate=360)["id"], timeout=60)
+    assert slow["status"] == fast["status"] == "done"
+    speech = [
+        sum(s["end_s"] - s["start_s"] for s in manifest(fleet, j["id"])["segments"]) for j in (slow, fast)
+    ]
+    assert speech[1] < 0.5 * speech[0]
+
+
+def test_a_segment_in_a_script_no_voice_reads_fails_the_job(fleet, client):
+    text = "# Greetings\n\nHello there.\n\nសួស្តី ពិភពលោក។ Nice to meet you."
+    job = submit(client, text=text)
+    events = list(read_sse(client, job["links"]["events"], timeout=60))
+    assert events[-1].event == "failed"
+    error = json.loads(events[-1].data)["error"]
+    assert "segment 2" in error and "Khmer" in error and "no eSpeak NG voice reads Khmer" in error, error
+    status = client.get(f"/v1/jobs/{job['id']}").json()
+    assert status["status"] == "failed" and status["error"] == error
+    r = redis.Redis.from_url(fleet.settings.redis_url)
+    letters = [json.loads(f[b"h"]) for _, f in r.xrange(Names(fleet.settings.key_prefix).dead_letters())]
+    r.close()
+    assert any(d["job_id"] == job["id"] and "Khmer" in d["error"] for d in letters)
+
+
+def test_requests_the_voice_set_cannot_serve_are_refused(fleet, client):
+    cases = [
+        ({"voice": "xx-yy"}, "not an eSpeak NG language"),
+        ({"voice": "en-us+nobody"}, "unknown voice variant"),
+        ({"rate": 1000}, "rate 1000 is outside 80-450"),
+        ({"pitch": -1}, "pitch -1 is outside 0-100"),
+        ({"model": "nonesuch"}, "unknown model"),
+    ]
+    for body, message in cases:
+        response = client.post("/v1/jobs", json={"text": "Hello.", **body})
+        assert response.status_code == 422 and message in response.json()["detail"], (body, response.text)
