@@ -75,8 +75,9 @@ class Settings(BaseSettings):
     #: Tokens vLLM accumulates per request before streaming them out: one Orpheus frame (7) cuts the
     #: per-token Python work of the AR worker sevenfold and delays a chunk by at most 6 tokens.
     vllm_stream_interval: int = 7
-    #: Seconds between vLLM's own statistics log lines (0: off).
-    vllm_log_stats_s: float = 10.0
+    #: Seconds between vLLM's own statistics log lines; 0 (default): vLLM collects no statistics,
+    #: which its CPU-bound engine core needs on a GPU (the AR worker logs its own throughput line).
+    vllm_log_stats_s: float = 0.0
     #: Local checkpoint directory of the "orpheus" model (LM + tokenizer; codec under snac/).
     orpheus_dir: Path | None = None
     #: Speech worker processes (single-stage models such as espeak; one engine, one segment at a
@@ -89,8 +90,9 @@ class Settings(BaseSettings):
     # --- streaming (I1) ------------------------------------------------------------------------
     #: Frames of new audio per code chunk.
     chunk_frames: int = 25
-    #: Frames in a segment's first chunk: small, for a fast first audio.
-    first_chunk_frames: int = 5
+    #: Frames in a segment's first chunk: small, for a fast first audio (3 Orpheus frames = 256 ms of
+    #: audio, 21 tokens + 21 of look-ahead); later chunks double up to chunk_frames.
+    first_chunk_frames: int = 3
     #: Frames of left context sent with every chunk (>= the decoder's receptive field).
     left_context_frames: int = 4
     #: Frames of look-ahead held back until known (the decoder's right receptive field).

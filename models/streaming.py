@@ -5,7 +5,8 @@ as soon as enough frames exist, a window for the decoder: ``left`` frames of con
 the new frames, and ``right`` frames of look-ahead (not yet emitted; they come again as the next
 window's new frames). The decoder trims context and look-ahead, so the concatenation of every
 window's output is the audio of the whole segment, each sample exactly once. The first window is
-small (fast first audio); the last one flushes what is left with no look-ahead.
+small (fast first audio) and sizes double up to ``chunk_frames``; the last one flushes what is left
+with no look-ahead.
 
 One chunker per request: it is the only per-request state of the AR stage (invariant I5).
 """
@@ -101,7 +102,10 @@ class FrameChunker:
     def _ready(self) -> list[Window]:
         windows = []
         while True:
-            target = self.first_chunk_frames if self._seq == 0 else self.chunk_frames
+            # a ramp: first_chunk_frames, then twice as many each window up to chunk_frames, so
+            # the first audio comes fast and each later window is ready before the audio already
+            # sent has played (generation at idle runs ~3x real time)
+            target = min(self.chunk_frames, self.first_chunk_frames << min(self._seq, 16))
             if self._n_frames - self._emitted - self.lookahead < target:
                 return windows
             windows.append(self._window(self._emitted + target, right=self.lookahead, final=False))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -90,6 +91,8 @@ class ARWorker:
         self._segments: dict[asyncio.Task, str] = {}  # in-flight segment task -> job id
         self._ended_jobs: set[str] = set()
         self._slot_freed = asyncio.Event()
+        self._frames_published = 0
+        self._throughput_mark = (time.monotonic(), 0)
 
     async def run(self) -> None:
         stop = self.ctx.stop
@@ -97,6 +100,7 @@ class ARWorker:
             asyncio.create_task(self.consumer.lease_loop(stop)),
             asyncio.create_task(every(0.25, stop, self._abort_ended_jobs, "cancel check")),
             asyncio.create_task(heartbeat(self.ctx, "ar", [self.model])),
+            asyncio.create_task(every(10.0, stop, self._log_throughput, "throughput line")),
         ]
         log.info("AR worker for %s: up to %d segments in flight", self.model, self.max_in_flight)
         try:
@@ -134,6 +138,20 @@ class ARWorker:
         pipe.xlen(self.ctx.names.audio())
         codes, audio = await pipe.execute()
         return max(codes, audio) > self.ctx.settings.max_stream_backlog
+
+    async def _log_throughput(self) -> None:
+        """Is the engine kept full, and how fast does it go? (vLLM's own statistics are off.)"""
+        now, frames = time.monotonic(), self._frames_published
+        then, before = self._throughput_mark
+        self._throughput_mark = (now, frames)
+        if self._segments or frames != before:
+            log.info(
+                "AR %s: %d/%d segments in flight, %.1f frames/s",
+                self.model,
+                len(self._segments),
+                self.max_in_flight,
+                (frames - before) / max(now - then, 1e-9),
+            )
 
     def _segment_finished(self, task: asyncio.Task) -> None:
         self._segments.pop(task, None)
@@ -199,6 +217,7 @@ class ARWorker:
                 frames=w.frames,
             )
             pipe.xadd(self.codes_stream, chunk.encode())
+            self._frames_published += w.new_frames
         await pipe.execute()
 
     async def _fail_unreadable(self, delivery: Delivery, exc: Exception) -> None:

@@ -5,8 +5,9 @@ the same streaming interface, so the AR worker runs unchanged on either. It is t
 machines without vLLM and the yardstick of the vLLM parity tests; it is not built for speed.
 
 Batching: every step admits waiting requests into free slots (one prefill each) and advances every
-running request by one token in a single batched decode. Per-request state (slot, sampler RNG, seen
-tokens for the repetition penalty) lives in the request (I5).
+running request by one token in a single batched decode. Per-request state (slot, seed, seen tokens
+for the repetition penalty) lives in the request (I5). Sampling is ``models.sampling``: seeded
+counter-based noise, so a request's tokens depend on its own logits and seed alone.
 
 Determinism: CPU matrix products are not batch-invariant in float32 (a row's result moves in the
 last bits with the batch size), which can flip a sampled token and make a segment's audio depend on
@@ -20,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import math
+import random
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -29,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from models.engines.base import EngineError, SamplingParams, TokenDelta
+from models.sampling import SamplingRows, sample_candidates
 
 # --- checkpoint -----------------------------------------------------------------------------------
 
@@ -213,7 +216,7 @@ class _Request:
     prompt: list[int]
     params: SamplingParams
     queue: asyncio.Queue
-    generator: torch.Generator
+    seed: int
     seen_mask: torch.Tensor | None = None  # bool [vocab]: prompt and generated tokens
     slot: int = -1
     generated: int = 0
@@ -261,11 +264,10 @@ class ReferenceEngine:
             )
         if max(prompt) >= self.shape.vocab_size or min(prompt) < 0:
             raise EngineError("prompt has token ids outside the vocabulary")
-        generator = torch.Generator(device=self.device)
-        generator.manual_seed(params.seed if params.seed is not None else torch.seed() & 0x7FFF_FFFF)
+        seed = params.seed if params.seed is not None else random.getrandbits(62)
         seen = torch.zeros(self.shape.vocab_size, dtype=torch.bool, device=self.device)
         seen[torch.tensor(prompt, device=self.device)] = True
-        req = _Request(request_id, list(prompt), params, asyncio.Queue(), generator, seen_mask=seen)
+        req = _Request(request_id, list(prompt), params, asyncio.Queue(), seed, seen_mask=seen)
         self._waiting.append(req)
         self._ensure_loop()
         finished = False
@@ -370,7 +372,8 @@ class ReferenceEngine:
         return list(zip(rows, self._sample(rows, torch.cat(hidden)), strict=True))
 
     def _sample(self, rows: list[_Request], hidden: torch.Tensor) -> list[int]:
-        """One token per row: constraint -> repetition penalty -> temperature -> top-k/top-p -> draw.
+        """One token per row, drawn by ``models.sampling`` (the vLLM engine's processor uses the
+        same function, so both engines sample alike).
 
         A frame constraint allows one contiguous code range (plus stop ids), so logits are computed
         for those ids only: the same distribution as masking the full vocabulary, far cheaper.
@@ -382,11 +385,22 @@ class ReferenceEngine:
             groups.setdefault(key, []).append(i)
         out = [0] * len(rows)
         for (lo, hi, extra), idx in groups.items():
-            ids = torch.cat((torch.arange(lo, hi), torch.tensor(extra, dtype=torch.long)))
-            logits = self._group_logits(hidden[idx], lo, hi, extra).double()
-            for row, i in enumerate(idx):
-                req = rows[i]
-                out[i] = int(ids[self._draw_row(req, logits[row], lo, hi, extra)])
+            ids = torch.cat((torch.arange(lo, hi), torch.tensor(extra, dtype=torch.long))).to(self.device)
+            logits = self._group_logits(hidden[idx], lo, hi, extra)
+            group = [rows[i] for i in idx]
+            settings = [
+                (p.temperature, p.top_p, p.top_k, p.repetition_penalty, r.seed, r.generated)
+                for r in group
+                for p in (r.params,)
+            ]
+            chosen = sample_candidates(
+                logits,
+                ids.expand(len(group), -1),
+                torch.stack([r.seen_mask[ids] for r in group]),
+                SamplingRows.build(settings, self.device),
+            )
+            for i, column in zip(idx, chosen.tolist(), strict=True):
+                out[i] = int(ids[column])
         return out
 
     def _group_logits(self, hidden: torch.Tensor, lo: int, hi: int, extra: tuple[int, ...]) -> torch.Tensor:
@@ -395,29 +409,3 @@ class ReferenceEngine:
         if extra:
             logits = torch.cat((logits, F.linear(hidden, head[list(extra)])), dim=1)
         return logits
-
-    def _draw_row(self, req: _Request, logits: torch.Tensor, lo: int, hi: int, extra: tuple[int, ...]) -> int:
-        p = req.params
-        if p.repetition_penalty != 1.0:
-            seen = req.seen_mask[lo:hi]
-            if extra:
-                seen = torch.cat((seen, req.seen_mask[list(extra)]))
-            penalized = torch.where(logits > 0, logits / p.repetition_penalty, logits * p.repetition_penalty)
-            logits = torch.where(seen, penalized, logits)
-        return _draw(logits, p, req.generator)
-
-
-def _draw(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator) -> int:
-    if p.temperature <= 0:
-        return int(torch.argmax(logits))
-    logits = logits / p.temperature
-    if 0 < p.top_k < logits.shape[0]:
-        kth = torch.topk(logits, p.top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if p.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
-        drop = cum - torch.softmax(sorted_logits, dim=-1) > p.top_p  # keep the token that crosses top_p
-        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))

