@@ -157,10 +157,9 @@ class FrameConstraintLogitsProcessor(LogitsProcessor):
             seen.index_select(0, index_t).gather(1, candidates),
             SamplingRows.build(settings, self.device, self.pin),
         )
-        tokens = candidates.gather(1, chosen[:, None])
-        forced = torch.full((len(live), vocab), float("-inf"), dtype=logits.dtype, device=self.device)
-        forced.scatter_(1, tokens, 0.0)
-        logits.index_copy_(0, index_t, forced)
+        tokens = candidates.gather(1, chosen[:, None]).squeeze(1)
+        logits.index_fill_(0, index_t, float("-inf"))  # in place: no [n, vocab] temporary
+        logits[index_t, tokens] = 0.0
         return logits
 
     def _seen_table(self, vocab: int) -> torch.Tensor:
