@@ -63,6 +63,7 @@ def _view(job: Job) -> JobView:
         sample_rate=job.sample_rate,
         segments_done=job.segments_done,
         segments_total=job.segments_total,
+        segments_flagged=job.segments_flagged,
         chapters=job.chapters,
         audio_seconds=round(job.audio_seconds, 3),
         duration_s=job.duration_s if job.status == JobStatus.DONE else None,

@@ -64,6 +64,10 @@ class JobView(BaseModel):
     sample_rate: int
     segments_done: int
     segments_total: int
+    segments_flagged: int = Field(
+        description="Segments that ran away (never stopped, looped, near-silent) on every try: kept, "
+        "listed in the manifest's flagged_segments, each announced by a 'warning' event."
+    )
     chapters: int
     audio_seconds: float = Field(description="Seconds of narrated audio assembled so far.")
     duration_s: float | None = Field(description="Length of the finished file (with pauses), once done.")

@@ -335,7 +335,7 @@ def run_offline(args, settings, fleet: dict) -> dict:
     spec = get_model(settings.default_model, settings)
     family = spec.family
     tokenizer = load_tokenizer(spec, settings)
-    synth = SegmentSynthesizer(family, tokenizer, None, StreamingConfig.from_settings(settings))
+    synth = SegmentSynthesizer(family, tokenizer, None, StreamingConfig.from_settings(settings, family))
     prompts, params = [], []
     for text, manifest in zip(fleet["texts"], fleet["manifests"], strict=True):
         plan = plan_text(text, max_chars=settings.max_segment_chars)

@@ -14,6 +14,7 @@ from pathlib import Path
 from fleet.settings import Settings
 from models.family import CodecLMFamily, SamplingDefaults
 from models.orpheus import orpheus_family
+from models.runaway import RunawayLimits
 
 
 class UnknownModelError(KeyError):
@@ -62,13 +63,15 @@ MODELS: dict[str, ModelSpec] = {
     for spec in (
         ModelSpec(
             name="tiny",
-            # random weights never choose to stop: a tight length budget keeps test audio short;
-            # top-k sampling instead of Orpheus' top-p spares CPU engines a full-vocabulary sort
+            # random weights never choose to stop: a tight length budget keeps test audio short and
+            # is how its segments end (so reaching it is no runaway); top-k sampling instead of
+            # Orpheus' top-p spares CPU engines a full-vocabulary sort
             family=orpheus_family(
                 name="tiny",
                 max_frames_per_char=0.6,
                 min_frames=8,
                 sampling=SamplingDefaults(temperature=0.6, top_p=1.0, top_k=50, repetition_penalty=1.3),
+                runaway=RunawayLimits(stop_required=False),
             ),
             description="Orpheus layout at test size, random weights from a fixed seed (noise, not speech)",
             locate=_tiny_dir,
