@@ -41,8 +41,9 @@ def test_single_code_frames_and_cycles_longer_than_the_limit_are_not_loops():
 
 
 def test_family_limits_in_frames():
-    orpheus = MODELS["orpheus"].family
+    orpheus, llasa = MODELS["orpheus"].family, MODELS["tiny-llasa"].family
     assert orpheus.repeat_limit_frames == 24  # 2 s of 85.3 ms frames
+    assert llasa.repeat_limit_frames == 100  # 2 s at 50 Hz
     assert repeat_limit_frames(orpheus.runaway, 0.5) == 4
     assert orpheus.runaway.stop_required and not MODELS["tiny"].family.runaway.stop_required
 
