@@ -101,7 +101,8 @@ class SegmentSynthesizer:
             if ready:
                 yield ready
             finish_reason = delta.finish_reason
-        if limits.stop_required and not chunker.stopped and finish_reason != "abort":
+        stopped = chunker.stopped or finish_reason == "stop"  # whether or not the engine echoes the stop id
+        if limits.stop_required and not stopped and finish_reason != "abort":
             raise RunawayError(
                 NEVER_STOPS,
                 f"no stop token after {chunker.frames} frames ({chunker.frames * self.family.frame_seconds:.1f} s, "
