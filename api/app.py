@@ -89,6 +89,7 @@ def _view(job: Job) -> JobView:
         pitch=job.pitch if job.rate else None,
         segments_done=job.segments_done,
         segments_total=job.segments_total,
+        segments_flagged=job.segments_flagged,
         chapters=job.chapters,
         audio_seconds=round(job.audio_seconds, 3),
         duration_s=job.duration_s if job.status == JobStatus.DONE else None,

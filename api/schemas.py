@@ -72,6 +72,10 @@ class JobView(BaseModel):
     pitch: int | None = Field(default=None, description="Pitch (0-100), if the model has one.")
     segments_done: int
     segments_total: int
+    segments_flagged: int = Field(
+        description="Segments that ran away (never stopped, looped, near-silent) on every try: kept, "
+        "listed in the manifest's flagged_segments, each announced by a 'warning' event."
+    )
     chapters: int
     audio_seconds: float = Field(description="Seconds of narrated audio assembled so far.")
     duration_s: float | None = Field(description="Length of the finished file (with pauses), once done.")

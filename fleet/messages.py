@@ -62,6 +62,8 @@ class SegmentTask:
     #: Speaking rate (words per minute) and pitch (0-100) for models that take them; 0: none.
     rate: int = 0
     pitch: int = 0
+    #: Runaway retries before this one (0: the first try); the sampling seed derives from it.
+    retry: int = 0
 
     def encode(self) -> Fields:
         return _pack(self.KIND, asdict(self))
@@ -90,6 +92,7 @@ class CodeChunk:
     right: int
     final: bool
     frames: np.ndarray = field(compare=False)  # int32 [n_frames, codes_per_frame]
+    retry: int = 0  # the task's runaway retry number (carried to the assembler's silence check)
 
     @property
     def new_frames(self) -> int:
@@ -98,7 +101,7 @@ class CodeChunk:
     def encode(self) -> Fields:
         header = {
             k: getattr(self, k)
-            for k in ("job_id", "segment", "attempt", "seq", "model", "left", "right", "final")
+            for k in ("job_id", "segment", "attempt", "seq", "model", "left", "right", "final", "retry")
         }
         header["shape"] = list(self.frames.shape)
         return _pack(self.KIND, header, np.ascontiguousarray(self.frames, dtype="<i4").tobytes())
@@ -131,6 +134,7 @@ class AudioChunk:
     final: bool
     sample_rate: int
     pcm: bytes = field(repr=False)
+    retry: int = 0  # the task's runaway retry number
 
     @property
     def samples(self) -> int:
@@ -138,7 +142,8 @@ class AudioChunk:
 
     def encode(self) -> Fields:
         header = {
-            k: getattr(self, k) for k in ("job_id", "segment", "attempt", "seq", "final", "sample_rate")
+            k: getattr(self, k)
+            for k in ("job_id", "segment", "attempt", "seq", "final", "sample_rate", "retry")
         }
         return _pack(self.KIND, header, self.pcm)
 

@@ -75,6 +75,14 @@ class Names:
         """Hash: chunk seq -> delta PCM of one attempt at one segment, until it is assembled."""
         return f"{self.job(job_id)}:deltas:{segment}:{attempt}"
 
+    def abandoned(self, job_id: str) -> str:
+        """Set of "<segment>:<attempt>" given up as runaways: their late audio is dropped, never assembled."""
+        return f"{self.job(job_id)}:abandoned"
+
+    def flags(self, job_id: str) -> str:
+        """Hash: segment index -> JSON of the runaway it kept after its last retry (kind, detail, retries)."""
+        return f"{self.job(job_id)}:flags"
+
     def scratch_keys(self, job_id: str) -> str:
         """Set of the job's transient keys (delta hashes), deleted when the job ends."""
         return f"{self.job(job_id)}:scratch"
@@ -88,6 +96,8 @@ class Names:
             self.attempts(job_id),
             self.events(job_id),
             self.scratch_keys(job_id),
+            self.abandoned(job_id),
+            self.flags(job_id),
         ]
 
 

@@ -93,10 +93,17 @@ class Settings(BaseSettings):
     #: Frames in a segment's first chunk: small, for a fast first audio (3 Orpheus frames = 256 ms of
     #: audio, 21 tokens + 21 of look-ahead); later chunks double up to chunk_frames.
     first_chunk_frames: int = 3
-    #: Frames of left context sent with every chunk (>= the decoder's receptive field).
-    left_context_frames: int = 4
-    #: Frames of look-ahead held back until known (the decoder's right receptive field).
-    lookahead_frames: int = 3
+    #: Frames of left context sent with every chunk (>= the decoder's receptive field); unset: the
+    #: model family's measured value (SNAC 24 kHz: 4; the 16 kHz single-codebook codec: 10).
+    left_context_frames: int | None = None
+    #: Frames of look-ahead held back until known (the decoder's right receptive field); unset: the
+    #: family's (SNAC 24 kHz: 3; the 16 kHz single-codebook codec: 10).
+    lookahead_frames: int | None = None
+
+    # --- runaway segments (models/runaway.py) ----------------------------------------------------
+    #: Retries, each with a new seed, of a segment that never stops, repeats or is near-silent; after
+    #: the last one its audio is kept and the segment flagged (warning event, manifest, job counter).
+    runaway_retries: int = 2
 
     # --- consumers -----------------------------------------------------------------------------
     #: XREADGROUP BLOCK timeout, milliseconds.

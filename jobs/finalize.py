@@ -88,7 +88,12 @@ class Finalizer:
                 out_rate=job.sample_rate,
                 pauses=pauses,
             )
-            body = json.dumps({**manifest.to_dict(job_id), "title": job.title}, ensure_ascii=False).encode()
+            flags = await self.store.flags(job_id)
+            document = {**manifest.to_dict(job_id), "title": job.title, "flagged_segments": sorted(flags)}
+            for entry in document["segments"]:
+                if entry["index"] in flags:
+                    entry["runaway"] = flags[entry["index"]]  # kept after its last retry: see docs/models.md
+            body = json.dumps(document, ensure_ascii=False).encode()
             await asyncio.to_thread(self.storage.put_bytes, manifest_object(job_id), body)
             await asyncio.to_thread(self.storage.put_file, key, out, FORMATS[job.format][2])
         if not await self.store.finish(job_id, key, manifest.duration_s, audio_url(job_id)):

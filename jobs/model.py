@@ -33,6 +33,8 @@ class EventType(StrEnum):
     STARTED = "started"
     SEGMENT = "segment"
     PROGRESS = "progress"
+    RUNAWAY = "runaway"  # a try of a segment ran away and is retried with another seed
+    WARNING = "warning"  # a segment ran away on every try: kept, flagged in the manifest
     DONE = "done"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -57,6 +59,8 @@ class Job:
     text_chars: int = 0
     segments_total: int = 0
     segments_done: int = 0
+    #: Segments kept after running away on every try (see models/runaway.py).
+    segments_flagged: int = 0
     chapters: int = 0
     audio_seconds: float = 0.0
     created_at: float = 0.0

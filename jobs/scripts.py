@@ -19,14 +19,15 @@ end
 return {'running', attempt}
 """
 
-# KEYS: job, done segments, deltas, scratch | ARGV: segment, seq, final (0/1), pcm
+# KEYS: job, done segments, deltas, scratch, abandoned | ARGV: segment, seq, final (0/1), pcm, attempt
 # Returns 'dropped' (job gone or ended), 'finalizing' (all segments are in), 'stale' (segment already
-# done), 'partial' or 'complete'.
+# done, or this attempt was abandoned as a runaway), 'partial' or 'complete'.
 ADD_DELTA = """
 local status = redis.call('HGET', KEYS[1], 'status')
 if status == 'finalizing' then return 'finalizing' end
 if status ~= 'queued' and status ~= 'running' then return 'dropped' end
-if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1
+    or redis.call('SISMEMBER', KEYS[5], ARGV[1] .. ':' .. ARGV[5]) == 1 then
   redis.call('DEL', KEYS[3])  -- a superseded attempt: drop what it sent so far
   redis.call('SREM', KEYS[4], KEYS[3])
   return 'stale'
@@ -69,6 +70,31 @@ if done % every == 0 or done == total then
 end
 if done == total then redis.call('HSET', KEYS[1], 'status', 'finalizing') end
 return {1, done, total}
+"""
+
+# KEYS: job, abandoned, deltas, scratch, events | ARGV: segment, attempt, maxlen, event data (json)
+# A runaway attempt is given up (its retry is queued by the caller): its audio so far is deleted and
+# any that arrives later is dropped by ADD_DELTA. Emits a 'runaway' event once per attempt.
+ABANDON_ATTEMPT = """
+redis.call('DEL', KEYS[3])
+redis.call('SREM', KEYS[4], KEYS[3])
+local status = redis.call('HGET', KEYS[1], 'status')
+if status ~= 'queued' and status ~= 'running' then return 0 end
+if redis.call('SADD', KEYS[2], ARGV[1] .. ':' .. ARGV[2]) == 0 then return 0 end
+redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[3], '*', 'type', 'runaway', 'data', ARGV[4])
+return 1
+"""
+
+# KEYS: job, flags, events | ARGV: segment, flag (json), maxlen, event data (json)
+# A segment kept after its last runaway retry is flagged once: the flag (for the manifest), the job's
+# counter and a 'warning' event.
+FLAG_SEGMENT = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if status ~= 'queued' and status ~= 'running' then return 0 end
+if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then return 0 end
+redis.call('HINCRBY', KEYS[1], 'segments_flagged', 1)
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'type', 'warning', 'data', ARGV[4])
+return 1
 """
 
 # KEYS: job, events, then every key to expire | ARGV: new status, event type, event data, now,

@@ -15,7 +15,7 @@ from fleet.messages import SegmentTask
 from fleet.settings import Settings
 from jobs.audio import FORMATS, SAMPLE_RATES
 from jobs.model import Job, JobStatus
-from jobs.segmentation import Plan, plan_text
+from jobs.segmentation import Plan, Segment, plan_text
 from jobs.store import JobStore
 from models.registry import UnknownModelError, get_model
 
@@ -116,20 +116,22 @@ def _prosody(spec, request: JobRequest) -> tuple[int, int]:
     return rate, pitch
 
 
+def segment_task(job: Job, segment: Segment, retry: int = 0) -> SegmentTask:
+    return SegmentTask(
+        job_id=job.id,
+        segment=segment.index,
+        text=segment.text,
+        model=job.model,
+        voice=job.voice,
+        seed=segment_seed(job.seed, job.voice, segment.text),
+        rate=job.rate,
+        pitch=job.pitch,
+        retry=retry,
+    )
+
+
 def tasks_for(job: Job, plan: Plan) -> list[SegmentTask]:
-    return [
-        SegmentTask(
-            job_id=job.id,
-            segment=s.index,
-            text=s.text,
-            model=job.model,
-            voice=job.voice,
-            seed=segment_seed(job.seed, job.voice, s.text),
-            rate=job.rate,
-            pitch=job.pitch,
-        )
-        for s in plan.segments
-    ]
+    return [segment_task(job, s) for s in plan.segments]
 
 
 async def submit(store: JobStore, settings: Settings, request: JobRequest) -> Job:

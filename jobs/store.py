@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import redis.asyncio as aioredis
 
@@ -50,6 +50,8 @@ class JobStore:
         self._add_delta = redis.register_script(scripts.ADD_DELTA)
         self._segment_done = redis.register_script(scripts.SEGMENT_DONE)
         self._end_job = redis.register_script(scripts.END_JOB)
+        self._abandon = redis.register_script(scripts.ABANDON_ATTEMPT)
+        self._flag = redis.register_script(scripts.FLAG_SEGMENT)
 
     @classmethod
     def for_settings(cls, redis: aioredis.Redis, settings) -> JobStore:
@@ -143,6 +145,43 @@ class JobStore:
         )
         return int(attempt)
 
+    # --- runaways (AR worker and assembler) ---------------------------------------------------------
+
+    async def retry_runaway(self, task: SegmentTask, attempt: int, kind: str, detail: str) -> bool:
+        """Give up ``attempt`` of a runaway segment and queue its next try (``task.retry + 1``, a new
+        seed). The abandoned attempt's audio is deleted, and any still in flight is dropped on arrival.
+        Returns False (and queues nothing) if the job has ended or the attempt was already given up."""
+        n = self.names
+        data = {"index": task.segment, "retry": task.retry, "kind": kind, "detail": detail}
+        keys = [
+            n.job(task.job_id),
+            n.abandoned(task.job_id),
+            n.deltas(task.job_id, task.segment, attempt),
+            n.scratch_keys(task.job_id),
+            n.events(task.job_id),
+        ]
+        if not await self._abandon(keys, [task.segment, attempt, self.events_maxlen, json.dumps(data)]):
+            return False
+        retry = SegmentTask(**{**asdict(task), "retry": task.retry + 1})
+        await self.redis.xadd(n.tasks(task.model), retry.encode())
+        return True
+
+    async def flag_segment(self, job_id: str, segment: int, kind: str, detail: str, retries: int) -> bool:
+        """Record that ``segment`` is kept although its last try ran away (once per segment): the
+        manifest lists it, the job counts it, and a 'warning' event tells the client."""
+        n = self.names
+        flag = {"kind": kind, "detail": detail, "retries": retries}
+        event = {"index": segment, **flag}
+        keys = [n.job(job_id), n.flags(job_id), n.events(job_id)]
+        return bool(
+            await self._flag(keys, [segment, json.dumps(flag), self.events_maxlen, json.dumps(event)])
+        )
+
+    async def flags(self, job_id: str) -> dict[int, dict]:
+        """segment -> the runaway it was kept with (kind, detail, retries)."""
+        raw = await self.redis.hgetall(self.names.flags(job_id))
+        return {int(k): json.loads(v) for k, v in raw.items()}
+
     # --- the assembler ------------------------------------------------------------------------------
 
     async def add_delta(self, chunk: AudioChunk) -> str:
@@ -152,8 +191,10 @@ class JobStore:
             n.done_segments(chunk.job_id),
             n.deltas(chunk.job_id, chunk.segment, chunk.attempt),
             n.scratch_keys(chunk.job_id),
+            n.abandoned(chunk.job_id),
         ]
-        result = await self._add_delta(keys, [chunk.segment, chunk.seq, int(chunk.final), chunk.pcm])
+        args = [chunk.segment, chunk.seq, int(chunk.final), chunk.pcm, chunk.attempt]
+        result = await self._add_delta(keys, args)
         return result.decode()
 
     async def deltas(self, job_id: str, segment: int, attempt: int) -> list[bytes]:

@@ -1,8 +1,10 @@
 """The two-stage codec-LM family: a decoder-only LM whose output tokens are audio-codec codes.
 
 A family is data: how the prompt is built, which token ids are codes of which frame position, the
-stop tokens, the codec's frame rate and sample rate, and sampling defaults. Orpheus (Llama-3.2-3B +
-SNAC 24 kHz) is one instance; the ``tiny`` test model uses exactly its layout.
+stop tokens, the codec's frame rate and sample rate, its streaming receptive field, sampling
+defaults and runaway limits. Orpheus (Llama-3.2-3B + SNAC 24 kHz, 7 codes per frame over 3
+codebooks; models/orpheus.py) and Llasa (Llama + a single-codebook codec, 1 code per frame;
+models/llasa.py) are instances; the ``tiny`` test models use exactly their layouts.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
+
+from models.runaway import RunawayLimits, repeat_limit_frames
 
 
 class InvalidCodeError(ValueError):
@@ -79,7 +83,7 @@ class CodecLMFamily:
     #: Audio samples per codec frame, and the codec's sample rate.
     samples_per_frame: int
     sample_rate: int
-    #: Token ids around the text prompt: [*prefix, *tokenize(f"{voice}: {text}"), *suffix].
+    #: Token ids around the text prompt: [*prefix, *tokenize(prompt_text.format(voice, text)), *suffix].
     prompt_prefix: tuple[int, ...]
     prompt_suffix: tuple[int, ...]
     voices: tuple[str, ...]
@@ -90,14 +94,43 @@ class CodecLMFamily:
     min_frames: int = 12
     #: Frame positions that feed each codec level, for codecs with several levels (SNAC).
     codec_levels: tuple[tuple[int, ...], ...] = ((0,),)
+    #: The text part of the prompt, tokenized by the checkpoint's tokenizer (special tokens by name).
+    prompt_text: str = "{voice}: {text}"
+    #: The codec decoder's measured receptive field in frames (streaming windows carry this much
+    #: context on each side; NARRATE_LEFT_CONTEXT_FRAMES / NARRATE_LOOKAHEAD_FRAMES override).
+    left_context_frames: int = 4
+    lookahead_frames: int = 3
+    #: What counts as a runaway segment (never stops, repeats, near-silence): models/runaway.py.
+    runaway: RunawayLimits = field(default_factory=RunawayLimits)
 
     @property
     def frame_seconds(self) -> float:
         return self.samples_per_frame / self.sample_rate
 
+    @property
+    def frame_rate(self) -> float:
+        """Codec frames per second of audio."""
+        return self.sample_rate / self.samples_per_frame
+
+    @property
+    def codebooks(self) -> int:
+        """Codec codebooks (levels) the frame's codes feed."""
+        return len(self.codec_levels)
+
+    @property
+    def repeat_limit_frames(self) -> int:
+        """Frames of one repeating cycle that make a runaway (``runaway.repeat_seconds``)."""
+        return repeat_limit_frames(self.runaway, self.frame_seconds)
+
     def build_prompt(self, tokenizer: TextTokenizer, text: str, voice: str) -> list[int]:
-        return [*self.prompt_prefix, *tokenizer.encode(f"{voice}: {text}"), *self.prompt_suffix]
+        body = tokenizer.encode(self.prompt_text.format(voice=voice, text=text))
+        return [*self.prompt_prefix, *body, *self.prompt_suffix]
+
+    def max_frames(self, text: str) -> int:
+        return max(self.min_frames, math.ceil(len(text) * self.max_frames_per_char))
 
     def max_tokens(self, text: str) -> int:
-        frames = max(self.min_frames, math.ceil(len(text) * self.max_frames_per_char))
-        return frames * self.layout.codes_per_frame + 1  # +1: room for the stop token
+        """The generation budget in tokens: whole frames, no room for a stop token after the last one
+        (a segment that needs its entire budget is a runaway anyway). With one code per frame a spare
+        token would be a spare frame of audio."""
+        return self.max_frames(text) * self.layout.codes_per_frame

@@ -1,7 +1,8 @@
 """The models a fleet can serve, and how each one's parts are loaded from a local directory.
 
 A model = a family (data: token layout, codec shape, voices, sampling) + where its checkpoint lives.
-``tiny`` is built from a fixed seed into the data directory on first use; ``orpheus`` is a local copy
+``tiny`` (Orpheus' layout) and ``tiny-llasa`` (Llasa's single-codebook layout) are built from a fixed
+seed into the data directory on first use; ``orpheus`` is a local copy
 of an Orpheus checkpoint (NARRATE_ORPHEUS_DIR: the LM + tokenizer, the SNAC codec in ``snac/``).
 """
 
@@ -14,7 +15,9 @@ from pathlib import Path
 from fleet.settings import Settings
 from models.espeak import unavailable_reason as espeak_unavailable
 from models.family import CodecLMFamily, SamplingDefaults
+from models.llasa import llasa_family
 from models.orpheus import orpheus_family
+from models.runaway import RunawayLimits
 from models.single_stage import SingleStageFamily, espeak_family
 
 
@@ -69,21 +72,47 @@ def _tiny_dir(settings: Settings) -> Path:
     return ensure_tiny_checkpoint(settings.data_dir)
 
 
+def _tiny_llasa_dir(settings: Settings) -> Path:
+    from models.tiny import ensure_tiny_llasa_checkpoint
+
+    return ensure_tiny_llasa_checkpoint(settings.data_dir)
+
+
 MODELS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in (
         ModelSpec(
             name="tiny",
-            # random weights never choose to stop: a tight length budget keeps test audio short;
-            # top-k sampling instead of Orpheus' top-p spares CPU engines a full-vocabulary sort
+            # random weights never choose to stop: a tight length budget keeps test audio short and
+            # is how its segments end (so reaching it is no runaway); top-k sampling instead of
+            # Orpheus' top-p spares CPU engines a full-vocabulary sort
             family=orpheus_family(
                 name="tiny",
                 max_frames_per_char=0.6,
                 min_frames=8,
                 sampling=SamplingDefaults(temperature=0.6, top_p=1.0, top_k=50, repetition_penalty=1.3),
+                runaway=RunawayLimits(stop_required=False),
             ),
             description="Orpheus layout at test size, random weights from a fixed seed (noise, not speech)",
             locate=_tiny_dir,
+        ),
+        ModelSpec(
+            name="tiny-llasa",
+            # Llasa's layout: one code per 20 ms frame, 16 kHz. Random weights never stop (the
+            # budget ends a segment: 1.5 frames per character keeps test audio short); its codec (a
+            # single-codebook SNAC) disturbs 10 frames on either side of a window edge (measured:
+            # tests/models/test_llasa.py), hence 10 frames of context and of look-ahead
+            family=llasa_family(
+                name="tiny-llasa",
+                max_frames_per_char=1.5,
+                min_frames=20,
+                sampling=SamplingDefaults(temperature=0.8, top_p=1.0, top_k=50, repetition_penalty=1.0),
+                left_context_frames=10,
+                lookahead_frames=10,
+                runaway=RunawayLimits(stop_required=False),
+            ),
+            description="Llasa layout at test size (1 code per frame, 50 Hz, 16 kHz), random weights (noise)",
+            locate=_tiny_llasa_dir,
         ),
         ModelSpec(
             name="orpheus",

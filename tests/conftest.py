@@ -120,3 +120,10 @@ def s3_server():
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def tiny_llasa_dir(data_dir: Path) -> Path:
+    from models.tiny import ensure_tiny_llasa_checkpoint
+
+    return ensure_tiny_llasa_checkpoint(data_dir)

@@ -5,6 +5,10 @@ transport: it pulls tasks from the model's task stream whenever engine slots are
 batching across jobs), runs each segment as its own asyncio task, publishes one stream entry per
 window (never per token), acks when the final window is out, and aborts the engine requests of jobs
 that were cancelled.
+
+Runaways (models/runaway.py): the synthesizer raises ``RunawayError`` when a segment never stops or
+loops on the same frames; the worker then queues a retry with another seed (up to
+``runaway_retries``), or, on the last try, keeps the audio up to the detection and flags the segment.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from fleet.names import AR_GROUP
 from fleet.settings import Settings
 from models.engines.base import Engine, FrameConstraint, SamplingParams
 from models.family import CodecLMFamily, InvalidCodeError, TextTokenizer
+from models.runaway import NEVER_STOPS, REPEATS, RepeatDetector, RunawayError, retry_seed
 from models.streaming import FrameChunker, Window
 from workers.consumer import Delivery
 from workers.runtime import WorkerContext, every, heartbeat, resilient_loop
@@ -35,8 +40,12 @@ class StreamingConfig:
     lookahead: int
 
     @classmethod
-    def from_settings(cls, s: Settings) -> StreamingConfig:
-        return cls(s.chunk_frames, s.first_chunk_frames, s.left_context_frames, s.lookahead_frames)
+    def from_settings(cls, s: Settings, family: CodecLMFamily) -> StreamingConfig:
+        """The settings' chunk sizes; context and look-ahead from the settings if set, else the
+        family's (its codec's measured receptive field)."""
+        left = family.left_context_frames if s.left_context_frames is None else s.left_context_frames
+        right = family.lookahead_frames if s.lookahead_frames is None else s.lookahead_frames
+        return cls(s.chunk_frames, s.first_chunk_frames, left, right)
 
 
 class SegmentSynthesizer:
@@ -58,12 +67,14 @@ class SegmentSynthesizer:
             top_p=d.top_p,
             top_k=d.top_k,
             repetition_penalty=d.repetition_penalty,
-            seed=task.seed,
+            seed=retry_seed(task.seed, task.retry),
             stop_token_ids=self.family.layout.stop_token_ids,
             constraint=FrameConstraint(self.family.layout),
         )
 
     async def windows(self, task: SegmentTask, request_id: str) -> AsyncIterator[list[Window]]:
+        """The segment's windows as they become decodable; raises ``RunawayError`` (leaving the
+        engine request, which aborts it) when the segment loops or ends without the stop token."""
         s = self.streaming
         chunker = FrameChunker(
             self.family.layout,
@@ -72,11 +83,33 @@ class SegmentSynthesizer:
             left_context=s.left_context,
             lookahead=s.lookahead,
         )
+        limits = self.family.runaway
+        repeats = RepeatDetector(limits.max_cycle_frames, self.family.repeat_limit_frames)
         prompt = self.family.build_prompt(self.tokenizer, task.text, task.voice)
+        finish_reason = None
         async for delta in self.engine.generate(request_id, prompt, self.sampling_params(task)):
             ready = chunker.feed(delta.token_ids)
+            if chunker.frames > repeats.frames and (
+                loop := repeats.push(chunker.all_frames()[repeats.frames :])
+            ):
+                cycle, run = loop
+                raise RunawayError(
+                    REPEATS,
+                    f"a cycle of {cycle} frame(s) repeated for {run} frames "
+                    f"({run * self.family.frame_seconds:.1f} s) from frame {chunker.frames - run}",
+                    ready + chunker.finish(),
+                )
             if ready:
                 yield ready
+            finish_reason = delta.finish_reason
+        stopped = chunker.stopped or finish_reason == "stop"  # whether or not the engine echoes the stop id
+        if limits.stop_required and not stopped and finish_reason != "abort":
+            raise RunawayError(
+                NEVER_STOPS,
+                f"no stop token after {chunker.frames} frames ({chunker.frames * self.family.frame_seconds:.1f} s, "
+                f"the budget for {len(task.text)} characters)",
+                chunker.finish(),
+            )
         yield chunker.finish()
 
 
@@ -188,6 +221,8 @@ class ARWorker:
             if task.job_id in self._ended_jobs:
                 await self.consumer.ack(delivery)
             raise
+        except RunawayError as exc:
+            await self._runaway(delivery, task, attempt, exc)
         except InvalidCodeError as exc:
             await self.consumer.dead_letter(delivery, str(exc))
             await self.ctx.store.fail(
@@ -202,6 +237,19 @@ class ARWorker:
                     task.job_id, f"segment {task.segment} failed {delivery.deliveries} times: {exc}"
                 )
 
+    async def _runaway(self, delivery: Delivery, task: SegmentTask, attempt: int, exc: RunawayError) -> None:
+        """Retry the segment with the next seed, or, after ``runaway_retries`` retries, keep what the
+        last try produced (up to the detection) and flag the segment."""
+        where = f"{task.job_id} segment {task.segment} (attempt {attempt}, retry {task.retry})"
+        if task.retry < self.ctx.settings.runaway_retries:
+            log.warning("runaway %s: %s; retrying with another seed", where, exc)
+            await self.ctx.store.retry_runaway(task, attempt, exc.kind, exc.detail)
+        else:
+            log.warning("runaway %s: %s; no retries left, keeping it flagged", where, exc)
+            await self.ctx.store.flag_segment(task.job_id, task.segment, exc.kind, exc.detail, task.retry)
+            await self._publish(task, attempt, exc.flush)
+        await self.consumer.ack(delivery)
+
     async def _publish(self, task: SegmentTask, attempt: int, windows: list[Window]) -> None:
         pipe = self.ctx.redis.pipeline(transaction=False)
         for w in windows:
@@ -215,6 +263,7 @@ class ARWorker:
                 right=w.right,
                 final=w.final,
                 frames=w.frames,
+                retry=task.retry,
             )
             pipe.xadd(self.codes_stream, chunk.encode())
             self._frames_published += w.new_frames
@@ -244,7 +293,8 @@ async def run_ar_worker(ctx: WorkerContext, model: str) -> None:
     engine = await asyncio.to_thread(load_engine, spec, ctx.settings)
     await engine.start()
     tokenizer = await asyncio.to_thread(load_tokenizer, spec, ctx.settings)
-    synth = SegmentSynthesizer(spec.family, tokenizer, engine, StreamingConfig.from_settings(ctx.settings))
+    streaming = StreamingConfig.from_settings(ctx.settings, spec.family)
+    synth = SegmentSynthesizer(spec.family, tokenizer, engine, streaming)
     try:
         await ARWorker(ctx, model, synth, engine.max_num_seqs).run()
     finally:

@@ -5,6 +5,10 @@ Redis hash by chunk number (so any assembler can finish any segment, and a redel
 overwrites itself). When all chunks of an attempt are in, the segment's audio is written to storage
 and recorded once (the first attempt to complete wins; its deltas leave Redis). The last segment
 queues the RQ finalize job.
+
+It is also the first stage that holds a segment's audio in one piece, so it judges near-silence (a
+runaway, models/runaway.py): a whole segment below the model's ``silence_dbfs`` is retried with the
+next seed, or, after ``runaway_retries`` retries, kept and flagged.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ from fleet.names import ASSEMBLER_GROUP, part_object
 from fleet.redis import TRANSIENT_ERRORS
 from fleet.settings import Settings
 from jobs.finalize import enqueue_finalize
+from jobs.service import segment_task
+from models.registry import MODELS
+from models.runaway import SILENCE, level_dbfs
 from workers.consumer import Delivery
 from workers.runtime import WorkerContext, resilient_loop
 
@@ -70,6 +77,8 @@ class Assembler:
     async def complete_segment(self, chunk: AudioChunk) -> None:
         store = self.ctx.store
         pcm = b"".join(await store.deltas(chunk.job_id, chunk.segment, chunk.attempt))
+        if await self._silent_runaway_retried(chunk, pcm):
+            return
         key = part_object(chunk.job_id, chunk.segment, chunk.attempt)
         await asyncio.to_thread(self.ctx.storage.put_bytes, key, pcm)
         samples = len(pcm) // 2
@@ -81,6 +90,30 @@ class Assembler:
         if result.job_complete:
             log.info("job %s: all %d segments assembled", chunk.job_id, result.total)
             await asyncio.to_thread(self.enqueue, self.ctx.settings, chunk.job_id)
+
+    async def _silent_runaway_retried(self, chunk: AudioChunk, pcm: bytes) -> bool:
+        """Near-silence check of a whole segment: retry it (True), or flag it on its last try."""
+        job = await self.ctx.store.get(chunk.job_id)
+        spec = MODELS.get(job.model) if job is not None else None
+        if spec is None:
+            return False  # the job is gone: segment_done drops it
+        if spec.single_stage:
+            return False  # no sampling, no seed: a retry would say the same (eSpeak NG)
+        level = level_dbfs(pcm)
+        threshold = spec.family.runaway.silence_dbfs
+        if level >= threshold:
+            return False
+        detail = (
+            f"the segment's level is {level:.1f} dBFS over {len(pcm) // 2} samples (limit {threshold} dBFS)"
+        )
+        if chunk.retry < self.ctx.settings.runaway_retries:
+            log.warning("job %s segment %d is near-silent (%s); retrying", job.id, chunk.segment, detail)
+            plan = await self.ctx.store.plan(job.id)
+            task = segment_task(job, plan.segments[chunk.segment], retry=chunk.retry)
+            await self.ctx.store.retry_runaway(task, chunk.attempt, SILENCE, detail)
+            return True
+        await self.ctx.store.flag_segment(job.id, chunk.segment, SILENCE, detail, chunk.retry)
+        return False
 
 
 async def run_assembler(ctx: WorkerContext) -> None:

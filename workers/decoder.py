@@ -41,7 +41,7 @@ def decode_chunks(codecs: dict[str, Codec], chunks: list[CodeChunk]) -> list[Aud
         for i, samples in zip(idx, audio, strict=True):
             c = chunks[i]
             out[i] = AudioChunk(
-                c.job_id, c.segment, c.attempt, c.seq, c.final, codec.sample_rate, to_pcm16(samples)
+                c.job_id, c.segment, c.attempt, c.seq, c.final, codec.sample_rate, to_pcm16(samples), c.retry
             )
     return [out[i] for i in range(len(chunks))]
 

@@ -86,3 +86,18 @@ def test_job_id_of_reads_broken_entries_best_effort():
     assert job_id_of({b"h": json.dumps({"job_id": "abc"}).encode()}) == "abc"
     assert job_id_of({b"h": b"garbage"}) is None
     assert job_id_of({}) is None
+
+
+def test_runaway_retry_numbers_travel_and_default_to_a_first_try():
+    task = SegmentTask("j", 3, "Hi.", "tiny", "tara", seed=42, retry=2)
+    assert SegmentTask.decode(task.encode()).retry == 2
+    chunk = CodeChunk("j", 3, 5, 0, "tiny", 0, 0, True, np.zeros((1, 1), np.int32), retry=2)
+    assert CodeChunk.decode(chunk.encode()).retry == 2
+    audio = AudioChunk("j", 3, 5, 0, True, 16000, b"\x00\x00", retry=2)
+    assert AudioChunk.decode(audio.encode()) == audio
+    # a message from a worker that predates retries is a first try
+    fields = SegmentTask("j", 3, "Hi.", "tiny", "tara", seed=42).encode()
+    header = json.loads(fields[b"h"])
+    del header["retry"]
+    fields[b"h"] = json.dumps(header).encode()
+    assert SegmentTask.decode(fields).retry == 0

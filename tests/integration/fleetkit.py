@@ -186,19 +186,23 @@ def download(client: httpx.Client, job_id: str) -> tuple[np.ndarray, int]:
 
 
 def offline_segment_audio(
-    settings: Settings, texts: list[str], voice: str, job_seed: int = 0
+    settings: Settings, texts: list[str], voice: str, job_seed: int = 0, model: str = "tiny", retry: int = 0
 ) -> list[np.ndarray]:
-    """Each segment's audio computed here, without the fleet: whole-segment generation and one decode."""
+    """Each segment's audio computed here, without the fleet: whole-segment generation and one decode
+    (of the segment's ``retry``-th runaway retry, whose seed derives from the segment's)."""
     from jobs.service import segment_seed
     from models.engines.reference import ReferenceEngine
     from models.registry import get_model, load_codec, load_tokenizer
     from models.snac_codec import to_pcm16
     from workers.ar import SegmentSynthesizer, StreamingConfig
 
-    spec = get_model("tiny", settings)
+    spec = get_model(model, settings)
     engine = ReferenceEngine(spec.checkpoint(settings), max_num_seqs=32)
     synth = SegmentSynthesizer(
-        spec.family, load_tokenizer(spec, settings), engine, StreamingConfig.from_settings(settings)
+        spec.family,
+        load_tokenizer(spec, settings),
+        engine,
+        StreamingConfig.from_settings(settings, spec.family),
     )
     codec = load_codec(spec, settings)
     layout = spec.family.layout
@@ -206,7 +210,7 @@ def offline_segment_audio(
     async def tokens(i: int, text: str) -> list[int]:
         from fleet.messages import SegmentTask
 
-        task = SegmentTask("offline", i, text, "tiny", voice, segment_seed(job_seed, voice, text))
+        task = SegmentTask("offline", i, text, model, voice, segment_seed(job_seed, voice, text), retry)
         prompt = spec.family.build_prompt(synth.tokenizer, text, voice)
         out: list[int] = []
         async for delta in engine.generate(f"offline-{i}", prompt, synth.sampling_params(task)):
@@ -222,7 +226,7 @@ def offline_segment_audio(
     result = []
     for toks in asyncio.run(all_tokens()):
         toks = [t for t in toks if t not in layout.stop_token_ids]
-        frames = layout.tokens_to_frames(toks[: len(toks) - len(toks) % 7])
+        frames = layout.tokens_to_frames(toks[: len(toks) - len(toks) % layout.codes_per_frame])
         audio = codec.decode_frames(frames[None])[0] if len(frames) else np.zeros(0, np.float32)
         result.append(np.frombuffer(to_pcm16(audio), "<i2"))
     return result

@@ -148,26 +148,35 @@ def test_sse_resume_with_last_event_id(fleet, client):
     assert any("ping" in c for c in first_part.comments + second_part.comments)
 
 
-def test_four_concurrent_jobs_have_no_crosstalk(fleet, client):
-    jobs = [
-        dict(text="# Alpha\n\nThe first job speaks. It has three sentences. This is the last.", voice="tara"),
-        dict(text="# Beta\n\nA different text in another voice. Short again.", voice="zac"),
-        dict(text="# Gamma\n\nSame words as another job. Same words as another job.", voice="jess", seed=7),
-        dict(
-            text="# Delta\n\nThe fourth one is longer than the others, with a comma, and a clause; it goes on. Done.",
-            voice="dan",
-        ),
-    ]
-    together = [submit(client, **j)["id"] for j in jobs]
+EIGHT_JOBS = [
+    dict(text="# Alpha\n\nThe first job speaks. It has three sentences. This is the last.", voice="tara"),
+    dict(text="# Beta\n\nA different text in another voice. Short again.", voice="leah"),
+    dict(text="# Gamma\n\nSame words as another job. Same words as another job.", voice="jess", seed=7),
+    dict(
+        text="# Delta\n\nThe fourth one is longer than the others, with a comma, and a clause; it goes on. Done.",
+        voice="leo",
+    ),
+    dict(text="Same words as another job. A fifth voice.", voice="dan"),
+    dict(text="# Zeta\n\nSix.\n\n# Eta\n\nTwo chapters in one small job.", voice="mia"),
+    dict(text="Seven sentences? No, two. The gulls said so.", voice="zac", seed=3),
+    dict(text="The last job, in the eighth voice.", voice="zoe"),
+]
+
+
+def test_eight_concurrent_jobs_in_eight_voices_have_no_crosstalk(fleet, client):
+    """I4/I5: eight jobs at once through one AR engine (one worker, continuous batching) and one
+    decoder; each job's file is byte-identical to the same job run alone."""
+    assert len({j["voice"] for j in EIGHT_JOBS}) == 8
+    together = [submit(client, **j)["id"] for j in EIGHT_JOBS]
     for job_id in together:
         assert wait_done(client, job_id)["status"] == "done"
     concurrent_audio = [download(client, job_id)[0] for job_id in together]
-    for spec, mixed in zip(jobs, concurrent_audio, strict=True):
+    for spec, mixed in zip(EIGHT_JOBS, concurrent_audio, strict=True):
         alone_id = submit(client, **spec)["id"]
         assert wait_done(client, alone_id)["status"] == "done"
         alone, _ = download(client, alone_id)
         np.testing.assert_array_equal(mixed, alone)
-    assert len({a.tobytes() for a in concurrent_audio}) == 4
+    assert len({a.tobytes() for a in concurrent_audio}) == 8
 
 
 def _queue_state(r: redis.Redis, names: Names) -> tuple:

@@ -19,6 +19,7 @@ from models.registry import (
     load_tokenizer,
     served_models,
 )
+from models.runaway import NEVER_STOPS, RunawayError
 from models.tiny import build_lm, build_snac, build_tokenizer
 from workers.ar import SegmentSynthesizer, StreamingConfig
 
@@ -52,15 +53,24 @@ def test_orpheus_model_from_a_local_directory(user_checkpoint, tmp_path):
     engine = load_engine(spec, settings)
     codec = load_codec(spec, settings)
     synth = SegmentSynthesizer(
-        spec.family, load_tokenizer(spec, settings), engine, StreamingConfig.from_settings(settings)
+        spec.family,
+        load_tokenizer(spec, settings),
+        engine,
+        StreamingConfig.from_settings(settings, spec.family),
     )
     task = SegmentTask("j", 0, "Hello from a local checkpoint.", "orpheus", "zoe", seed=3)
 
     async def run():
+        windows = []
         try:
-            return [w async for batch in synth.windows(task, "j:0:1") for w in batch]
+            async for batch in synth.windows(task, "j:0:1"):
+                windows += batch
+        except RunawayError as exc:  # random weights never stop: under Orpheus' limits, a runaway
+            assert exc.kind == NEVER_STOPS
+            return windows + exc.flush
         finally:
             await engine.shutdown()
+        raise AssertionError("a model that never stops was not caught")
 
     windows = asyncio.run(run())
     audio = codec.decode_windows([(w.frames, w.left, w.right) for w in windows])

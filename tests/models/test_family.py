@@ -47,7 +47,7 @@ def test_prompt_format_and_budget():
     assert prompt[:2] == [orpheus.START_OF_HUMAN, orpheus.BEGIN_OF_TEXT]
     assert prompt[2:-4] == list(map(ord, "leo: Hi."))
     assert prompt[-4:] == [orpheus.EOT, orpheus.END_OF_HUMAN, orpheus.START_OF_AI, orpheus.START_OF_SPEECH]
-    assert family.max_tokens("x" * 100) == 170 * 7 + 1
+    assert family.max_tokens("x" * 100) == 170 * 7 and family.max_frames("x") == 12
     assert family.frame_seconds == pytest.approx(2048 / 24000)
 
 

@@ -9,7 +9,7 @@ import fakeredis
 import numpy as np
 import pytest
 
-from fleet.messages import AudioChunk
+from fleet.messages import AudioChunk, SegmentTask
 from fleet.names import Names, part_object
 from fleet.settings import Settings
 from fleet.storage import LocalStorage
@@ -19,9 +19,13 @@ from jobs.store import JobStore
 from workers.assembler import Assembler
 from workers.runtime import WorkerContext
 
+#: Test samples are scaled to an audible level: a segment below the model's silence limit (-50 dBFS)
+#: would be retried as a near-silent runaway (models/runaway.py).
+LOUD = 300
+
 
 def pcm(values) -> bytes:
-    return np.asarray(values, dtype="<i2").tobytes()
+    return (np.asarray(values) * LOUD).astype("<i2").tobytes()
 
 
 @pytest.fixture
@@ -74,7 +78,7 @@ def test_out_of_order_duplicate_and_superseded_chunks(harness):
 
     job = asyncio.run(main())
     part = ctx.storage.get_bytes(part_object(job.id, 0, 1))
-    assert np.frombuffer(part, "<i2").tolist() == [seq * 10 + i for seq in range(4) for i in range(4)]
+    assert part == pcm([seq * 10 + i for seq in range(4) for i in range(4)])
     done = asyncio.run(ctx.store.completed_segments(job.id))
     assert done == {0: (1, 16), 1: (1, 2)}  # attempt 1 won segment 0; each segment recorded once
     got = asyncio.run(ctx.store.get(job.id))
@@ -138,3 +142,33 @@ def test_when_two_attempts_complete_together_only_the_winner_keeps_a_part(harnes
     assert ctx.storage.get_bytes(part_object(job.id, 0, 1)) == pcm([5, 6])
     assert not ctx.storage.exists(part_object(job.id, 0, 2))  # no orphan part in storage
     assert asyncio.run(ctx.store.completed_segments(job.id)) == {0: (1, 2)}
+
+
+def test_a_near_silent_segment_is_retried_with_the_next_seed_then_kept_flagged(harness):
+    ctx, assembler, _ = harness  # runaway_retries = 2 (the default)
+
+    async def main():
+        job = await new_job(ctx, "Quiet here. Loud there.")
+        hush = np.full(4000, 3, dtype="<i2").tobytes()  # -80 dBFS: near-silence
+        # try 0 (attempt 1) is silent: not recorded, its next try is queued with retry 1
+        await deliver(ctx, assembler, [AudioChunk(job.id, 0, 1, 0, True, 24000, hush, retry=0)])
+        queued = [SegmentTask.decode(f) for _, f in await ctx.redis.xrange(ctx.names.tasks("tiny"))]
+        after_first = await ctx.store.completed_segments(job.id)
+        # a late copy of attempt 1's audio is dropped; the last try (retry 2) is silent again: kept, flagged
+        late = await ctx.store.add_delta(AudioChunk(job.id, 0, 1, 0, True, 24000, hush, retry=0))
+        await deliver(ctx, assembler, [AudioChunk(job.id, 0, 3, 0, True, 24000, hush, retry=2)])
+        return job, queued, after_first, late, await events(ctx, job.id)
+
+    job, queued, after_first, late, evs = asyncio.run(main())
+    retries = [t for t in queued if t.segment == 0 and t.retry == 1]
+    assert len(retries) == 1 and retries[0].text == "Quiet here." and retries[0].seed == queued[0].seed
+    assert after_first == {} and late == "stale"
+    assert not ctx.storage.exists(part_object(job.id, 0, 1))
+    assert asyncio.run(ctx.store.completed_segments(job.id)) == {0: (3, 4000)}  # the last try, kept
+    runaway = [d for k, d in evs if k == "runaway"]
+    warning = [d for k, d in evs if k == "warning"]
+    assert [(d["index"], d["retry"], d["kind"]) for d in runaway] == [(0, 0, "silence")]
+    assert [(d["index"], d["retries"], d["kind"]) for d in warning] == [(0, 2, "silence")]
+    assert "-80.8 dBFS over 4000 samples" in warning[0]["detail"]
+    assert asyncio.run(ctx.store.get(job.id)).segments_flagged == 1
+    assert asyncio.run(ctx.store.flags(job.id))[0]["kind"] == "silence"
