@@ -75,6 +75,7 @@ class FrameConstraintLogitsProcessor(LogitsProcessor):
         self._max_rows = int(vllm_config.scheduler_config.max_num_seqs)
         self._seen: torch.Tensor | None = None  # bool [max_num_seqs, vocab], by batch index
         self._offsets: torch.Tensor | None = None
+        self._zeros: dict[torch.dtype, torch.Tensor] = {}
 
     def is_argmax_invariant(self) -> bool:
         return False  # it changes which token is most likely
@@ -115,11 +116,15 @@ class FrameConstraintLogitsProcessor(LogitsProcessor):
                 self.rows[b] = row_a
             if row_b is not None and swap:
                 self.rows[a] = row_b
-            if self._seen is not None:  # the seen table's rows travel with their requests
+            # the seen table's rows travel with their requests (views and device copies only:
+            # indexing with Python lists would copy the indices from pageable memory)
+            if self._seen is not None and (row_a is not None or (swap and row_b is not None)):
                 if swap:
-                    self._seen[[a, b]] = self._seen[[b, a]]
+                    kept = self._seen[a].clone()
+                    self._seen[a].copy_(self._seen[b])
+                    self._seen[b].copy_(kept)
                 else:
-                    self._seen[b] = self._seen[a]
+                    self._seen[b].copy_(self._seen[a])
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         n, vocab = logits.shape
@@ -162,9 +167,17 @@ class FrameConstraintLogitsProcessor(LogitsProcessor):
         # (``t[i, j] = 0.0``) copies the scalar to the device from pageable memory, which waits for
         # the stream, i.e. for the forward pass (the H200 profile showed ~25 % of the engine core
         # there).
+        # (logits may be a strided view of a wider buffer, so no flat view here: the value is a
+        # device tensor instead)
         logits.index_fill_(0, index_t, float("-inf"))
-        logits.view(-1).index_fill_(0, index_t * vocab + tokens, 0.0)
+        logits.index_put_((index_t, tokens), self._zero(logits.dtype))
         return logits
+
+    def _zero(self, dtype: torch.dtype) -> torch.Tensor:
+        zero = self._zeros.get(dtype)
+        if zero is None:
+            zero = self._zeros[dtype] = torch.zeros((), dtype=dtype, device=self.device)
+        return zero
 
     def _seen_table(self, vocab: int) -> torch.Tensor:
         if self._seen is None or self._seen.shape[1] != vocab:
