@@ -60,10 +60,11 @@ class SegmentTask:
     voice: str
     seed: int
     #: Speaking rate (words per minute) and pitch (0-100) for models that take them; 0: none.
-    rate: int = 0
-    pitch: int = 0
+    #: Keyword-only, like retry: optional fields added over time must never shift positions.
+    rate: int = field(default=0, kw_only=True)
+    pitch: int = field(default=0, kw_only=True)
     #: Runaway retries before this one (0: the first try); the sampling seed derives from it.
-    retry: int = 0
+    retry: int = field(default=0, kw_only=True)
 
     def encode(self) -> Fields:
         return _pack(self.KIND, asdict(self))

@@ -158,8 +158,9 @@ class SpeechWorker:
 
     async def _speak(self, task: SegmentTask, attempt: int) -> None:
         speaker = self.speakers[task.model]
-        seq = 0
+        seq = samples = 0
         async for pcm, final in speaker.pieces(task):
+            samples += pcm.size
             chunk = AudioChunk(
                 task.job_id,
                 task.segment,
@@ -171,6 +172,14 @@ class SpeechWorker:
             )
             await self.ctx.redis.xadd(self.ctx.names.audio(), chunk.encode())
             seq += 1
+        log.info(
+            "segment %s:%d (attempt %d): %.2f s of audio in %d chunks",
+            task.job_id,
+            task.segment,
+            attempt,
+            samples / speaker.engine.sample_rate,
+            seq,
+        )
 
 
 async def run_speech_worker(ctx: WorkerContext, models: list[str]) -> None:

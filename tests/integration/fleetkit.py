@@ -210,7 +210,7 @@ def offline_segment_audio(
     async def tokens(i: int, text: str) -> list[int]:
         from fleet.messages import SegmentTask
 
-        task = SegmentTask("offline", i, text, model, voice, segment_seed(job_seed, voice, text), retry)
+        task = SegmentTask("offline", i, text, model, voice, segment_seed(job_seed, voice, text), retry=retry)
         prompt = spec.family.build_prompt(synth.tokenizer, text, voice)
         out: list[int] = []
         async for delta in engine.generate(f"offline-{i}", prompt, synth.sampling_params(task)):

@@ -131,6 +131,13 @@ def test_a_markdown_book_with_chapters(fleet, client):
     starts = {seg["index"]: seg["start_s"] for seg in m["segments"]}
     assert [c["start_s"] for c in m["chapters"]] == [starts[c.first_segment] for c in plan.chapters]
     assert [c["title"] for c in m["chapters"]] == [c.title for c in plan.chapters]
+    # parallel synthesis: both speech worker processes spoke segments of this job, each segment once
+    spoken = {
+        name: re.findall(rf"segment {job_id}:(\d+) \(attempt", (fleet.log_dir / f"{name}.log").read_text())
+        for name in ("speech-0", "speech-1")
+    }
+    assert all(spoken.values()), {k: len(v) for k, v in spoken.items()}
+    assert sorted(int(i) for v in spoken.values() for i in v) == list(range(51))
     # nothing left in flight
     r = redis.Redis.from_url(s.redis_url)
     names = Names(s.key_prefix)
