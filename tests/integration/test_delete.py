@@ -11,12 +11,11 @@ import redis
 
 from fleet.names import AR_GROUP, ASSEMBLER_GROUP, DECODER_GROUP, Names
 from fleet.settings import Settings
-from tests.integration.fleetkit import start_fleet, submit, wait_done
+from tests.integration.fleetkit import POISON, start_fleet, submit, wait_done
 
 pytestmark = pytest.mark.integration
 
 LONG = "\n\n".join(" ".join(f"Part {p}, line {s} here." for s in range(10)) for p in range(8))  # 80 segments
-POISON = "Fine. Long" + " word" * 50 + " end. Fine again."  # a prompt longer than max_model_len
 
 
 def leftover_keys(r: redis.Redis, job_id: str) -> list[bytes]:
