@@ -51,7 +51,7 @@ def chaos_phase(args, data_dir: Path, work: Path) -> dict:
     settings = kit.chaos_settings(valkey.url, data_dir)
     settings = settings.model_copy(update={"max_text_chars": 20 * args.segments + 1000})
     fleet = kit.start_fleet(
-        settings, work / "chaos-logs", ar_workers=2, decoders=2, assemblers=2, finalizers=1
+        settings, work / "chaos-logs", ar_workers=2, decoders=2, assemblers=2, finalizers=1, max_backoff_s=2.0
     )
     text = kit.short_sentences(args.segments)
     report: dict = {"segments": args.segments, "interval_s": args.interval, "outage_s": args.outage}

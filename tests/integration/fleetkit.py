@@ -459,18 +459,19 @@ def stage_streams(names: Names, model: str = "tiny") -> list[tuple[str, str]]:
 
 
 def orphan_keys(r: redis.Redis, names: Names, job_ids: list[str]) -> list[str]:
-    """Keys that should not exist once these jobs have ended: anything under the fleet's prefix but the
-    stage streams, the dead-letter stream, the job index and each job's long-lived keys (no delta hash,
-    no scratch set); RQ's record of a job's finalize (a success leaves none); and any other RQ key
-    naming a job that would never expire. (RQ's own housekeeping may leave a key naming the RQ job
-    with a TTL, e.g. ``rq:queue:...:intermediate:first_seen:<id>`` (24 h) when its maintenance saw the
-    job between dequeue and start; those expire by themselves and are not counted.)"""
+    """Keys that should not exist once these jobs have ended: any per-job key (``{p}:job:{<id>}...``)
+    but the long-lived keys of these jobs (no delta hash, no scratch set, nothing of another job), RQ's
+    record of their finalize (a success leaves none), and any other RQ key naming them that would never
+    expire. (RQ's own housekeeping may leave a key naming the RQ job with a TTL, e.g.
+    ``rq:queue:...:intermediate:first_seen:<id>`` (24 h) when its maintenance saw the job between
+    dequeue and start; those expire by themselves and are not counted.) Fleet-wide keys (streams, the
+    job index) are not per-job; the stage streams are checked empty by ``assert_nothing_left``."""
     from jobs.finalize import finalize_rq_id
 
-    allowed = {s for s, _ in stage_streams(names)} | {names.dead_letters(), names.jobs_index()}
+    allowed: set[str] = set()
     for job_id in job_ids:
         allowed |= set(names.job_keys(job_id)) - {names.scratch_keys(job_id)}
-    found = {k.decode() for k in r.scan_iter(match=f"{names.prefix}:*", count=1000)} - allowed
+    found = {k.decode() for k in r.scan_iter(match=f"{names.prefix}:job:*", count=1000)} - allowed
     for job_id in job_ids:
         for key in r.scan_iter(match=f"rq:*{job_id}*", count=1000):
             rq_job = key.decode() == f"rq:job:{finalize_rq_id(Settings(key_prefix=names.prefix), job_id)}"
@@ -572,18 +573,20 @@ class MemoryBound:
         from jobs.service import JobRequest, tasks_for, validate
         from models.registry import get_model
         from models.streaming import FrameChunker
+        from workers.ar import StreamingConfig
 
         job, plan = validate(JobRequest(text=text), settings)
         tasks = tasks_for(job, plan)
         entry = lambda fields: sum(len(k) + len(v) for k, v in fields.items())  # noqa: E731
         family = get_model(job.model, settings).family
         longest = max(tasks, key=lambda t: family.max_tokens(t.text))
+        streaming = StreamingConfig.from_settings(settings)  # as the AR worker chunks
         chunker = FrameChunker(
             family.layout,
-            chunk_frames=settings.chunk_frames,
-            first_chunk_frames=settings.first_chunk_frames,
-            left_context=settings.left_context_frames,
-            lookahead=settings.lookahead_frames,
+            chunk_frames=streaming.chunk_frames,
+            first_chunk_frames=streaming.first_chunk_frames,
+            left_context=streaming.left_context,
+            lookahead=streaming.lookahead,
         )
         codes = family.layout.frames_to_tokens(np.zeros((family.max_tokens(longest.text) // 7, 7), np.int32))
         windows = chunker.feed(codes) + chunker.finish()
