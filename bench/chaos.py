@@ -95,7 +95,7 @@ def chaos_phase(args, data_dir: Path, work: Path) -> dict:
                 check(report, "audio identical to the undisturbed run", np.array_equal(audio, reference))
         names = Names(settings.key_prefix)
         with redis.Redis.from_url(valkey.url) as r:
-            orphans = kit.orphan_keys(r, names, [calm, stormy])
+            orphans = kit.settled_orphan_keys(r, names, [calm, stormy])
             pending = {s: r.xlen(s) + r.xpending(s, g)["pending"] for s, g in kit.stage_streams(names)}
             check(report, "no orphan keys", not orphans, orphans[:20])
             check(report, "no pending entries", not any(pending.values()), pending)
@@ -122,7 +122,7 @@ def paused_phase(args, data_dir: Path, work: Path) -> dict:
             check(report, "every segment once, in order", order == list(range(args.paused_segments)))
         with redis.Redis.from_url(valkey.url) as r:
             names = Names(settings.key_prefix)
-            orphans = kit.orphan_keys(r, names, [run.job["id"]])
+            orphans = kit.settled_orphan_keys(r, names, [run.job["id"]])
             check(report, "no orphan keys", not orphans, orphans[:20])
     finally:
         fleet.stop()

@@ -480,15 +480,21 @@ def orphan_keys(r: redis.Redis, names: Names, job_ids: list[str]) -> list[str]:
     return sorted(found)
 
 
-def assert_nothing_left(r: redis.Redis, names: Names, job_ids: list[str], settle_s: float = 15) -> None:
-    """No stage stream holds an entry or a pending delivery; no orphan key remains (allowing RQ
-    ``settle_s`` to delete its record of a finalize that has just returned)."""
-    for stream, group in stage_streams(names):
-        left = (r.xlen(stream), r.xpending(stream, group)["pending"])
-        assert left == (0, 0), f"{stream}: {left[0]} entries, {left[1]} pending"
+def settled_orphan_keys(r: redis.Redis, names: Names, job_ids: list[str], settle_s: float = 15) -> list[str]:
+    """``orphan_keys`` once RQ has had ``settle_s`` to delete its record of a finalize that has just
+    returned (the job turns 'done' inside the finalize, a moment before RQ marks it finished)."""
     deadline = time.monotonic() + settle_s
     while (orphans := orphan_keys(r, names, job_ids)) and time.monotonic() < deadline:
         time.sleep(0.5)
+    return orphans
+
+
+def assert_nothing_left(r: redis.Redis, names: Names, job_ids: list[str]) -> None:
+    """No stage stream holds an entry or a pending delivery; no orphan key remains."""
+    for stream, group in stage_streams(names):
+        left = (r.xlen(stream), r.xpending(stream, group)["pending"])
+        assert left == (0, 0), f"{stream}: {left[0]} entries, {left[1]} pending"
+    orphans = settled_orphan_keys(r, names, job_ids)
     assert orphans == [], [(k, r.type(k), r.ttl(k)) for k in orphans]
 
 
