@@ -80,6 +80,7 @@ def chaos_phase(args, data_dir: Path, work: Path) -> dict:
                 kills=len(storm.kills),
                 kills_by_kind=storm.kills_by_kind,
                 redis_restarts=storm.redis_restarts,
+                restarted_at_segments=storm.restarted_at,
                 storm_wall_s=storm.wall_s,
                 status=storm.job["status"],
                 segments_done=storm.job["segments_done"],

@@ -379,6 +379,7 @@ class Storm:
     kills: list[str]
     kills_by_kind: dict[str, int]
     redis_restarts: int
+    restarted_at: list[int]  # segments done when each Redis restart began
     wall_s: float
 
 
@@ -408,6 +409,7 @@ def storm(
     done each fraction in ``restarts_at`` of its segments. Waits until every child is back up."""
     started = time.monotonic()
     pending = sorted(restarts_at)
+    restarted_at: list[int] = []
     job: dict = {}
     with Chaos(fleet.supervisor, interval=interval, rng=random.Random(seed)) as chaos:
         deadline = time.monotonic() + timeout
@@ -416,6 +418,7 @@ def storm(
             job = _job_state(client, job_id) or job
             if pending and valkey and job and job["segments_done"] >= pending[0] * job["segments_total"]:
                 pending.pop(0)
+                restarted_at.append(job["segments_done"])
                 valkey.restart(outage_s)
             if job.get("status") in ("done", "failed", "cancelled") and len(chaos.kills) >= min_kills:
                 break
@@ -428,6 +431,7 @@ def storm(
         kills=list(chaos.kills),
         kills_by_kind=chaos.kills_by_kind(),
         redis_restarts=valkey.restarts if valkey else 0,
+        restarted_at=restarted_at,
         wall_s=round(time.monotonic() - started, 1),
     )
 

@@ -91,11 +91,13 @@ def test_sigkill_every_worker_kind_during_a_job(chaos_fleet):
 
 @pytest.mark.timeout(900)
 def test_sigkill_chaos_with_a_redis_restart_in_the_middle(chaos_fleet):
-    fleet, valkey, _, _ = chaos_fleet
+    _, valkey, _, _ = chaos_fleet
     restarts = valkey.restarts
     result = check_storm(*chaos_fleet, seed=11, restarts_at=(0.4,), outage_s=5.0)
+    # Valkey went away in the middle of the job (a 5 s outage is mostly absorbed by the clients' own
+    # retries; test_redis_restart.py holds it away 15 s, past them, into the workers' backoff loops)
     assert result.redis_restarts == restarts + 1
-    assert fleet.logged("Redis is back")  # workers saw the outage and waited it out
+    assert len(result.restarted_at) == 1 and 0 < result.restarted_at[0] < SEGMENTS, result.restarted_at
 
 
 def test_a_poison_segment_is_dead_lettered_and_fails_only_its_job(redis_url, data_dir, tiny_dir, tmp_path):
