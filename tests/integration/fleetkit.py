@@ -84,10 +84,6 @@ class RunningFleet:
             for p in sorted(self.log_dir.glob("*.log"))
         )
 
-    def logged(self, text: str) -> bool:
-        """Whether any child wrote ``text`` to its log (the whole log, every incarnation of the child)."""
-        return any(text in p.read_text(errors="replace") for p in self.log_dir.glob("*.log"))
-
     def stop(self) -> None:
         self.supervisor.stop()
 
