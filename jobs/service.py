@@ -1,4 +1,4 @@
-"""Accepting a job: validate the request, plan its segments, store it and enqueue its tasks.
+"""Accepting a job (validate the request, plan its segments, store it, enqueue its tasks) and deleting one.
 
 Shared by the HTTP API and the ``narrate file`` command, so both accept and refuse the same things.
 Validation happens entirely before anything is written: a refused request leaves no trace.
@@ -6,6 +6,7 @@ Validation happens entirely before anything is written: a refused request leaves
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 import uuid
@@ -13,7 +14,9 @@ from dataclasses import dataclass
 
 from fleet.messages import SegmentTask
 from fleet.settings import Settings
+from fleet.storage import Storage
 from jobs.audio import FORMATS, SAMPLE_RATES
+from jobs.finalize import delete_outputs, forget_finalize
 from jobs.model import Job, JobStatus
 from jobs.segmentation import Plan, Segment, plan_text
 from jobs.store import JobStore
@@ -138,3 +141,16 @@ async def submit(store: JobStore, settings: Settings, request: JobRequest) -> Jo
     job, plan = validate(request, settings)
     await store.create(job, plan, tasks_for(job, plan))
     return job
+
+
+async def delete(store: JobStore, storage: Storage, settings: Settings, job: Job) -> bool:
+    """Release everything a job holds: a job still going is cancelled first (from then on every worker
+    drops its work, and a worker caught mid-write removes what it wrote), then its objects leave
+    storage, RQ forgets its finalize, and its keys leave Redis. Storage goes before the keys, so a
+    failure part-way leaves the job visible and the DELETE can be repeated. Returns whether it cancelled.
+    """
+    cancelled = await store.cancel(job.id)
+    await asyncio.to_thread(delete_outputs, storage, job.id, job.format)
+    await asyncio.to_thread(forget_finalize, settings, job.id)
+    await store.purge(job.id)
+    return cancelled

@@ -230,7 +230,14 @@ class JobStore:
     # --- endings ------------------------------------------------------------------------------------
 
     async def _end(
-        self, job_id: str, status: JobStatus, event: EventType, data: dict, error: str = "", require: str = ""
+        self,
+        job_id: str,
+        status: JobStatus,
+        event: EventType,
+        data: dict,
+        error: str = "",
+        require: str = "",
+        fields: dict[str, str] | None = None,
     ) -> bool:
         n = self.names
         keys = [n.job(job_id), n.events(job_id), *n.job_keys(job_id)[1:]]
@@ -243,6 +250,7 @@ class JobStore:
             self.events_maxlen,
             self.result_ttl_s,
             require,
+            *(x for pair in (fields or {}).items() for x in pair),
         ]
         changed = bool(await self._end_job(keys, args))
         if changed:
@@ -256,14 +264,20 @@ class JobStore:
         return await self._end(job_id, JobStatus.CANCELLED, EventType.CANCELLED, {})
 
     async def finish(self, job_id: str, audio_key: str, duration_s: float, audio_url: str) -> bool:
-        # the file's key first: a client that sees 'done' must find it
-        await self.redis.hset(
-            self.names.job(job_id), mapping={"audio_key": audio_key, "duration_s": repr(duration_s)}
-        )
+        """finalizing -> done, with the file's key set in the same step (a client that sees 'done'
+        finds it; a job cancelled or deleted meanwhile is left alone, never re-created)."""
         data = {"audio_url": audio_url, "duration_s": duration_s}
+        fields = {"audio_key": audio_key, "duration_s": repr(duration_s)}
         return await self._end(
-            job_id, JobStatus.DONE, EventType.DONE, data, require=JobStatus.FINALIZING.value
+            job_id, JobStatus.DONE, EventType.DONE, data, require=JobStatus.FINALIZING.value, fields=fields
         )
+
+    async def purge(self, job_id: str) -> None:
+        """Delete every key of an ended job (its delta hashes too) and its index entry. Only for a
+        job that has ended: every writer checks the status first, so nothing re-creates these keys."""
+        await self.clear_scratch(job_id)
+        await self.redis.delete(*self.names.job_keys(job_id))
+        await self.redis.zrem(self.names.jobs_index(), job_id)
 
     async def clear_scratch(self, job_id: str) -> None:
         scratch = self.names.scratch_keys(job_id)

@@ -1,19 +1,30 @@
-"""Helpers for tests that run the real fleet: processes, HTTP, SSE, and an offline reference."""
+"""Helpers for tests that run the real fleet: processes, HTTP, SSE, an offline reference, and the fault
+injection drivers (SIGKILL chaos, Redis restarts, paused decoders, memory sampling) that the tests in
+tests/integration and bench/chaos.py share."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
+import json
+import random
+import signal
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import numpy as np
+import redis
 import soundfile as sf
 
+from fleet.embedded import EmbeddedValkey
+from fleet.names import AR_GROUP, ASSEMBLER_GROUP, DECODER_GROUP, Names, manifest_object
 from fleet.settings import Settings
+from fleet.storage import storage_from_settings
 from fleet.supervisor import Supervisor, child_env, fleet_children, free_port
 
 # A Markdown book: 3 chapters, 51 segments (3 headings, 48 sentences), abbreviations, quotes, ellipses.
@@ -53,6 +64,9 @@ For once, he did not count anything. The light turned. It kept turning all night
 By morning, the fog had gone.
 """
 
+#: Text whose segment 1 can never be generated with ``max_model_len=200`` (its prompt is longer).
+POISON = "Fine. Long" + " word" * 50 + " end. Fine again."
+
 
 @dataclass
 class RunningFleet:
@@ -83,6 +97,7 @@ def start_fleet(
     assemblers=1,
     finalizers=1,
     speech_workers=1,
+    max_backoff_s: float = 30.0,
 ) -> RunningFleet:
     port = free_port()
     children = fleet_children(
@@ -95,7 +110,7 @@ def start_fleet(
         api_port=port,
         speech_workers=speech_workers,
     )
-    supervisor = Supervisor(children, child_env(settings), log_dir=log_dir)
+    supervisor = Supervisor(children, child_env(settings), log_dir=log_dir, max_backoff_s=max_backoff_s)
     supervisor.start()
     fleet = RunningFleet(settings, f"http://127.0.0.1:{port}", supervisor, log_dir)
     deadline = time.monotonic() + 60
@@ -230,3 +245,504 @@ def offline_segment_audio(
         audio = codec.decode_frames(frames[None])[0] if len(frames) else np.zeros(0, np.float32)
         result.append(np.frombuffer(to_pcm16(audio), "<i2"))
     return result
+
+
+# --- fault injection ---------------------------------------------------------------------------------
+
+
+def chaos_settings(redis_url: str, data_dir: Path, prefix: str = "chaos") -> Settings:
+    """Short leases (a killed worker's entries are taken over after 3 s) and finalize timeout (an RQ
+    job whose worker was killed is retried after 20 s)."""
+    return Settings(
+        redis_url=redis_url,
+        key_prefix=prefix,
+        data_dir=data_dir,
+        block_ms=200,
+        max_num_seqs=16,
+        reclaim_idle_ms=3000,
+        finalize_timeout_s=20,
+    )
+
+
+def memory_settings(redis_url: str, data_dir: Path, segments: int, prefix: str = "memory") -> Settings:
+    """A small code-chunk backlog (100 entries) so that back-pressure engages early in the job."""
+    return Settings(
+        redis_url=redis_url,
+        key_prefix=prefix,
+        data_dir=data_dir,
+        block_ms=200,
+        max_num_seqs=32,
+        max_stream_backlog=100,
+        reclaim_idle_ms=30_000,
+        max_text_chars=20 * segments + 1000,
+    )
+
+
+class PrivateValkey:
+    """The fleet's embedded Valkey (append-only) on a fixed port, for tests that restart Redis or
+    measure its memory: nothing else uses it."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir, self.port = Path(data_dir), free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.server = EmbeddedValkey(self.data_dir, port=self.port)
+        self.restarts = 0
+
+    def start(self) -> PrivateValkey:
+        self.server.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.stop()  # SIGTERM: Valkey flushes its append-only file and exits
+
+    def restart(self, outage_s: float) -> None:
+        """Stop, stay away ``outage_s`` seconds, start again on the same port and data."""
+        self.stop()
+        time.sleep(outage_s)
+        self.server = EmbeddedValkey(self.data_dir, port=self.port)
+        self.server.start()
+        self.restarts += 1
+
+    def used_memory(self) -> int:
+        with contextlib.closing(redis.Redis.from_url(self.url)) as r:
+            return int(r.info("memory")["used_memory"])
+
+
+class MemorySampler:
+    """Samples Redis ``used_memory`` every ``interval`` seconds in a thread; keeps the peak."""
+
+    def __init__(self, url: str, interval: float = 0.05) -> None:
+        self.url, self.interval = url, interval
+        self.peak = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        r = redis.Redis.from_url(self.url, socket_timeout=2)
+        while not self._stop.wait(self.interval):
+            with contextlib.suppress(redis.RedisError):  # Redis may be restarting
+                self.peak = max(self.peak, int(r.info("memory")["used_memory"]))
+                self.samples += 1
+        r.close()
+
+    def __enter__(self) -> MemorySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+#: The worker kinds a chaos run kills, by child-name prefix.
+KINDS = ("ar", "decoder", "assembler", "finalizer")
+
+
+class Chaos:
+    """Kills a random worker (SIGKILL) every ``interval`` seconds, visiting every kind in turn."""
+
+    def __init__(self, supervisor: Supervisor, interval: float, rng: random.Random) -> None:
+        self.supervisor, self.interval, self.rng = supervisor, interval, rng
+        self.kills: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            prefix = KINDS[len(self.kills) % len(KINDS)] + "-"
+            alive = [
+                c
+                for c in self.supervisor.children
+                if c.name.startswith(prefix) and c.process and c.process.poll() is None
+            ]
+            if alive:
+                victim = self.rng.choice(alive)
+                victim.process.send_signal(signal.SIGKILL)
+                self.kills.append(victim.name)
+
+    def kills_by_kind(self) -> dict[str, int]:
+        return {kind: sum(k.startswith(kind + "-") for k in self.kills) for kind in KINDS}
+
+    def __enter__(self) -> Chaos:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+@dataclass
+class Storm:
+    """What one chaos run did: the job's final state, the kills, the Redis restarts, the time it took."""
+
+    job: dict
+    kills: list[str]
+    kills_by_kind: dict[str, int]
+    redis_restarts: int
+    restarted_at: list[int]  # segments done when each Redis restart began
+    wall_s: float
+
+
+def _job_state(client: httpx.Client, job_id: str) -> dict | None:
+    try:
+        response = client.get(f"/v1/jobs/{job_id}", timeout=10)
+    except httpx.HTTPError:
+        return None  # the API is waiting for Redis
+    return response.json() if response.status_code == 200 else None
+
+
+def storm(
+    fleet: RunningFleet,
+    client: httpx.Client,
+    job_id: str,
+    *,
+    min_kills: int,
+    interval: float,
+    seed: int,
+    valkey: PrivateValkey | None = None,
+    restarts_at: tuple[float, ...] = (),
+    outage_s: float = 5.0,
+    timeout: float = 600,
+) -> Storm:
+    """Ride out a job under chaos: SIGKILL a worker every ``interval`` s (restarting the dead), until
+    the job has ended and at least ``min_kills`` kills happened; restart ``valkey`` when the job has
+    done each fraction in ``restarts_at`` of its segments. Waits until every child is back up."""
+    started = time.monotonic()
+    pending = sorted(restarts_at)
+    restarted_at: list[int] = []
+    job: dict = {}
+    with Chaos(fleet.supervisor, interval=interval, rng=random.Random(seed)) as chaos:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            fleet.supervisor.poll()  # restart what was killed
+            job = _job_state(client, job_id) or job
+            if pending and valkey and job and job["segments_done"] >= pending[0] * job["segments_total"]:
+                pending.pop(0)
+                restarted_at.append(job["segments_done"])
+                valkey.restart(outage_s)
+            if job.get("status") in ("done", "failed", "cancelled") and len(chaos.kills) >= min_kills:
+                break
+            time.sleep(0.2)
+    while any(c.process.poll() is not None for c in fleet.supervisor.children):
+        fleet.supervisor.poll()  # let the last victims come back before the checks
+        time.sleep(0.2)
+    return Storm(
+        job=wait_done(client, job_id, timeout=300),
+        kills=list(chaos.kills),
+        kills_by_kind=chaos.kills_by_kind(),
+        redis_restarts=valkey.restarts if valkey else 0,
+        restarted_at=restarted_at,
+        wall_s=round(time.monotonic() - started, 1),
+    )
+
+
+def stopped(supervisor: Supervisor, prefix: str) -> contextlib.AbstractContextManager[list]:
+    """SIGSTOP every child whose name starts with ``prefix``; SIGCONT them on exit."""
+
+    @contextlib.contextmanager
+    def pause():
+        victims = [c for c in supervisor.children if c.name.startswith(prefix) and c.process]
+        for c in victims:
+            c.process.send_signal(signal.SIGSTOP)
+        try:
+            yield victims
+        finally:
+            for c in victims:
+                c.process.send_signal(signal.SIGCONT)
+
+    return pause()
+
+
+def stage_streams(names: Names, model: str = "tiny") -> list[tuple[str, str]]:
+    """(stream, group) of every stage."""
+    return [
+        (names.tasks(model), AR_GROUP),
+        (names.codes(model), DECODER_GROUP),
+        (names.audio(), ASSEMBLER_GROUP),
+    ]
+
+
+def orphan_keys(r: redis.Redis, names: Names, job_ids: list[str]) -> list[str]:
+    """Keys that should not exist once these jobs have ended: any per-job key (``{p}:job:{<id>}...``)
+    but the long-lived keys of these jobs (no delta hash, no scratch set, nothing of another job), RQ's
+    record of their finalize (a success leaves none), and any other RQ key naming them that would never
+    expire. (RQ's own housekeeping may leave a key naming the RQ job with a TTL, e.g.
+    ``rq:queue:...:intermediate:first_seen:<id>`` (24 h) when its maintenance saw the job between
+    dequeue and start; those expire by themselves and are not counted.) Fleet-wide keys (streams, the
+    job index) are not per-job; the stage streams are checked empty by ``assert_nothing_left``."""
+    from jobs.finalize import finalize_rq_id
+
+    allowed: set[str] = set()
+    for job_id in job_ids:
+        allowed |= set(names.job_keys(job_id)) - {names.scratch_keys(job_id)}
+    found = {k.decode() for k in r.scan_iter(match=f"{names.prefix}:job:*", count=1000)} - allowed
+    for job_id in job_ids:
+        for key in r.scan_iter(match=f"rq:*{job_id}*", count=1000):
+            rq_job = key.decode() == f"rq:job:{finalize_rq_id(Settings(key_prefix=names.prefix), job_id)}"
+            if rq_job or r.ttl(key) == -1:
+                found.add(key.decode())
+    return sorted(found)
+
+
+def settled_orphan_keys(r: redis.Redis, names: Names, job_ids: list[str], settle_s: float = 15) -> list[str]:
+    """``orphan_keys`` once RQ has had ``settle_s`` to delete its record of a finalize that has just
+    returned (the job turns 'done' inside the finalize, a moment before RQ marks it finished)."""
+    deadline = time.monotonic() + settle_s
+    while (orphans := orphan_keys(r, names, job_ids)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return orphans
+
+
+def assert_nothing_left(r: redis.Redis, names: Names, job_ids: list[str]) -> None:
+    """No stage stream holds an entry or a pending delivery; no orphan key remains."""
+    for stream, group in stage_streams(names):
+        left = (r.xlen(stream), r.xpending(stream, group)["pending"])
+        assert left == (0, 0), f"{stream}: {left[0]} entries, {left[1]} pending"
+    orphans = settled_orphan_keys(r, names, job_ids)
+    assert orphans == [], [(k, r.type(k), r.ttl(k)) for k in orphans]
+
+
+def manifest_segments(settings: Settings, job_id: str) -> list[int]:
+    """The segment indices in a finished job's manifest, in file order."""
+    manifest = json.loads(storage_from_settings(settings).get_bytes(manifest_object(job_id)))
+    return [s["index"] for s in manifest["segments"]]
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str, every: float = 0.2) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(every)
+
+
+# --- memory under back-pressure ------------------------------------------------------------------------
+
+
+def short_sentences(n: int, per_paragraph: int = 50) -> str:
+    """``n`` sentences of two words each ("Go 17."): each is one segment of the fewest frames."""
+    return "\n\n".join(
+        " ".join(f"Go {i}." for i in range(start, min(start + per_paragraph, n)))
+        for start in range(0, n, per_paragraph)
+    )
+
+
+@dataclass
+class MemoryBound:
+    """What Redis may hold while decoders are stopped, from the sizes of what the fleet writes.
+
+    With the decoders stopped nothing leaves the code-chunk stream, so it grows until the AR workers'
+    back-pressure check sees more than ``max_stream_backlog`` entries; a worker checks before each read
+    and then starts at most ``max_num_seqs`` segments, so at most ``ar_workers x max_num_seqs`` segments
+    are started past the limit, each writing ``windows_per_segment`` chunks:
+
+        chunk entries <= max_stream_backlog + ar_workers * max_num_seqs * windows_per_segment
+
+    Besides, the job's own keys: one task entry per segment (its text, the input; they leave the stream
+    as segments start) and the plan. The audio stream and delta hashes stay empty (no decoder output).
+    Measured on Valkey (MEMORY USAGE): a stream of these entries takes 1.06x their raw bytes (listpack
+    headers, entry ids, radix-tree nodes), a string 1.0x; ``overhead`` = 1.5 covers that with room.
+    ``margin`` (512 KiB) covers what does not grow with the job: about 180 KiB that stays allocated
+    after a large MULTI (buffers), the events and the job hash, the sampler's own connection.
+
+        bound = baseline + overhead * (tasks + plan + chunk entries * chunk bytes) + margin
+
+    ``baseline`` is used_memory of the idle fleet (every worker connected). The bound holds once the
+    submit is over: while Valkey executes the submit's MULTI it briefly holds up to ~4 copies of the
+    job's tasks (query buffer, queued commands, append-only buffer, the stream): reported, not bounded
+    here (it is the input's size, not the audio's).
+    """
+
+    baseline: int
+    segments: int
+    task_bytes: int  # all task entries (fields and values), raw
+    plan_bytes: int
+    chunk_entries: int
+    chunk_bytes: int  # the largest code-chunk entry, raw
+    chunk_entries_per_segment: int
+    overhead: float = 1.5
+    margin: int = 512 << 10
+
+    @property
+    def job_bytes(self) -> int:
+        return self.task_bytes + self.plan_bytes + self.chunk_entries * self.chunk_bytes
+
+    @property
+    def bound(self) -> int:
+        return self.baseline + int(self.overhead * self.job_bytes) + self.margin
+
+    @property
+    def unbounded_codes(self) -> int:
+        """Raw bytes of the code chunks of every segment: what the stream would grow to without
+        back-pressure (and 60x that in audio, were the assembler the one stopped)."""
+        return self.segments * self.chunk_entries_per_segment * self.chunk_bytes
+
+    @classmethod
+    def derive(cls, settings: Settings, ar_workers: int, text: str, baseline: int) -> MemoryBound:
+        from fleet.messages import CodeChunk
+        from jobs.service import JobRequest, tasks_for, validate
+        from models.registry import get_model
+        from models.streaming import FrameChunker
+        from workers.ar import StreamingConfig
+
+        job, plan = validate(JobRequest(text=text), settings)
+        tasks = tasks_for(job, plan)
+        entry = lambda fields: sum(len(k) + len(v) for k, v in fields.items())  # noqa: E731
+        family = get_model(job.model, settings).family
+        longest = max(tasks, key=lambda t: family.max_tokens(t.text))
+        streaming = StreamingConfig.from_settings(settings, family)  # as the AR worker chunks
+        chunker = FrameChunker(
+            family.layout,
+            chunk_frames=streaming.chunk_frames,
+            first_chunk_frames=streaming.first_chunk_frames,
+            left_context=streaming.left_context,
+            lookahead=streaming.lookahead,
+        )
+        codes = family.layout.frames_to_tokens(
+            np.zeros(
+                (
+                    family.max_tokens(longest.text) // family.layout.codes_per_frame,
+                    family.layout.codes_per_frame,
+                ),
+                np.int32,
+            )
+        )
+        windows = chunker.feed(codes) + chunker.finish()
+        chunk_bytes = max(
+            entry(
+                CodeChunk(
+                    job.id, longest.segment, 99, w.seq, job.model, w.left, w.right, w.final, w.frames
+                ).encode()
+            )
+            for w in windows
+        )
+        return cls(
+            baseline=baseline,
+            segments=len(tasks),
+            task_bytes=sum(entry(t.encode()) for t in tasks),
+            plan_bytes=len(plan.to_json()),
+            chunk_entries=settings.max_stream_backlog + ar_workers * settings.max_num_seqs * len(windows),
+            chunk_bytes=chunk_bytes,
+            chunk_entries_per_segment=len(windows),
+        )
+
+
+@dataclass
+class PausedRun:
+    """What a paused-decoder run saw: memory, how far the AR stage went, and the job's end."""
+
+    bound: MemoryBound
+    peak_paused: int  # used_memory peak once the AR stage had stopped, until SIGCONT
+    paused_samples: int  # how many used_memory samples that peak is the maximum of
+    peak_submit: int  # used_memory peak from submit to SIGCONT (the submit's MULTI included)
+    peak_run: int  # used_memory peak over the whole run (decoders and assembler at work after SIGCONT)
+    started_paused: int  # segments started (attempt numbers handed out) while decoders were stopped
+    tasks_left: int  # task entries never read while decoders were stopped
+    codes_paused: int  # code-chunk entries waiting while decoders were stopped
+    held_s: float  # how long the AR stage was watched standing still
+    moved_while_held: bool  # whether anything moved while it was watched
+    job: dict
+    stall_s: float  # submit -> AR stage stopped
+    resume_s: float  # SIGCONT -> job done
+    wall_s: float
+
+    def report(self) -> dict:
+        b = self.bound
+        return {
+            "segments": b.segments,
+            "baseline_bytes": b.baseline,
+            "peak_paused_bytes": self.peak_paused,
+            "paused_samples": self.paused_samples,
+            "bound_bytes": b.bound,
+            "peak_with_submit_bytes": self.peak_submit,
+            "bound_terms": {
+                "task_bytes": b.task_bytes,
+                "plan_bytes": b.plan_bytes,
+                "chunk_entries": b.chunk_entries,
+                "chunk_bytes": b.chunk_bytes,
+                "overhead": b.overhead,
+                "margin_bytes": b.margin,
+            },
+            "codes_without_backpressure_bytes": b.unbounded_codes,
+            "peak_run_bytes": self.peak_run,
+            "started_while_paused": self.started_paused,
+            "tasks_left_while_paused": self.tasks_left,
+            "code_chunks_while_paused": self.codes_paused,
+            "status": self.job["status"],
+            "segments_done": self.job["segments_done"],
+            "stall_s": round(self.stall_s, 1),
+            "resume_s": round(self.resume_s, 1),
+            "wall_s": round(self.wall_s, 1),
+        }
+
+
+def wait_for_consumers(r: redis.Redis, names: Names, counts: dict[str, int], timeout: float = 120) -> None:
+    """Until each stage's group has this many consumers (the workers are up and reading)."""
+
+    def ready() -> bool:
+        for stream, group in stage_streams(names):
+            groups = {g["name"].decode(): g for g in r.xinfo_groups(stream)} if r.exists(stream) else {}
+            if group in counts and (group not in groups or groups[group]["consumers"] < counts[group]):
+                return False
+        return True
+
+    wait_until(ready, timeout, "the workers did not come up")
+
+
+def paused_decoders_run(
+    fleet: RunningFleet, valkey: PrivateValkey, text: str, *, ar_workers: int, hold_s: float = 5.0
+) -> PausedRun:
+    """Submit ``text`` with every decoder SIGSTOPped; once the AR stage has stopped pulling (back-
+    pressure), watch it stand still for ``hold_s`` while sampling Redis memory; SIGCONT the decoders
+    and wait for the job to end."""
+    names = Names(fleet.settings.key_prefix)
+    r = redis.Redis.from_url(valkey.url)
+    decoders = sum(c.name.startswith("decoder-") for c in fleet.supervisor.children)
+    wait_for_consumers(r, names, {AR_GROUP: ar_workers, DECODER_GROUP: decoders, ASSEMBLER_GROUP: 1})
+    baseline = 0
+    for _ in range(5):  # the fleet idle: every worker connected, nothing submitted
+        baseline = max(baseline, valkey.used_memory())
+        time.sleep(0.2)
+    bound = MemoryBound.derive(fleet.settings, ar_workers, text, baseline)
+    tasks, codes = names.tasks("tiny"), names.codes("tiny")
+    started = time.monotonic()
+    with MemorySampler(valkey.url) as whole, fleet.client() as client:
+        with stopped(fleet.supervisor, "decoder-"), MemorySampler(valkey.url) as with_submit:
+            job_id = submit(client, text=text)["id"]
+
+            def state() -> tuple[int, int, int]:
+                return r.hlen(names.attempts(job_id)), r.xlen(codes), r.xlen(tasks)
+
+            last, still_since = state(), time.monotonic()
+            while time.monotonic() - still_since < 3.0 or last[1] <= fleet.settings.max_stream_backlog:
+                time.sleep(0.5)
+                now = state()
+                if now != last:
+                    last, still_since = now, time.monotonic()
+                assert time.monotonic() - started < 300, f"the AR stage never stopped: {now}"
+            stall_s = time.monotonic() - started
+            with MemorySampler(valkey.url) as paused:
+                time.sleep(hold_s)
+            held = state()
+        resumed = time.monotonic()
+        job = wait_done(client, job_id, timeout=1800)
+        done = time.monotonic()
+    r.close()
+    return PausedRun(
+        bound=bound,
+        peak_paused=paused.peak,
+        paused_samples=paused.samples,
+        peak_submit=with_submit.peak,
+        peak_run=whole.peak,
+        started_paused=held[0],
+        tasks_left=held[2],
+        codes_paused=held[1],
+        held_s=hold_s + 3.0,
+        moved_while_held=held != last,
+        job=job,
+        stall_s=stall_s,
+        resume_s=done - resumed,
+        wall_s=done - started,
+    )

@@ -236,26 +236,18 @@ def test_cancel_drops_queued_segments_and_stops_work(fleet, client, raw_redis):
             break
     response = client.delete(f"/v1/jobs/{job_id}")
     assert response.status_code == 202 and response.json()["status"] == "cancelled"
-    assert client.delete(f"/v1/jobs/{job_id}").status_code == 200  # idempotent
-    events = list(read_sse(client, f"/v1/jobs/{job_id}/events"))
-    assert events[-1].event == "cancelled"
-    assert client.get(f"/v1/jobs/{job_id}/audio").status_code == 409
+    assert client.delete(f"/v1/jobs/{job_id}").status_code == 404  # deleted: the job is unknown now
+    assert client.get(f"/v1/jobs/{job_id}/audio").status_code == 404
 
     # queued segments are dropped without work, in-flight ones aborted: the task stream drains, no new
-    # attempts start, and nothing more is assembled
+    # attempt starts (it would re-create the attempts hash), nothing more is assembled or stored
     deadline = time.monotonic() + 30
     while raw_redis.xlen(names.tasks("tiny")) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert raw_redis.xlen(names.tasks("tiny")) == 0
-    time.sleep(1.0)
-    attempts = raw_redis.hlen(names.attempts(job_id))
-    done = client.get(f"/v1/jobs/{job_id}").json()["segments_done"]
-    time.sleep(1.5)
-    assert raw_redis.hlen(names.attempts(job_id)) == attempts < 120
-    assert client.get(f"/v1/jobs/{job_id}").json()["segments_done"] == done
-    assert raw_redis.keys(f"{names.job(job_id)}:deltas:*") == []
+    time.sleep(2.5)
+    assert raw_redis.keys(f"{names.job(job_id)}*") == []
     assert not list((fleet.settings.storage_dir / "parts" / job_id).glob("*"))  # its audio left storage
-    assert 0 < raw_redis.ttl(names.job(job_id)) <= fleet.settings.result_ttl_s  # the job's keys expire
 
 
 def test_health_models_and_openapi(client):

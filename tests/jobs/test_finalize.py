@@ -1,0 +1,81 @@
+"""The finalizer when the job changes under it: a delete while it stitches leaves nothing behind; a
+second run of a job already done keeps the file (fakeredis with Lua: the production scripts)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import fakeredis
+import numpy as np
+
+from fleet.messages import AudioChunk
+from fleet.names import Names, audio_object, manifest_object
+from fleet.settings import Settings
+from fleet.storage import LocalStorage
+from jobs.finalize import Finalizer
+from jobs.model import JobStatus
+from jobs.service import JobRequest, tasks_for, validate
+from jobs.store import JobStore
+
+
+class RacedStore(JobStore):
+    """A store where ``before_finish`` runs just before the finalizer's finish (another client's move)."""
+
+    before_finish = None
+
+    async def finish(self, job_id: str, *args) -> bool:
+        await self.before_finish(job_id)
+        return await super().finish(job_id, *args)
+
+
+def finalizing_job(tmp_path):
+    settings = Settings(redis_url="redis://unused", key_prefix="t", data_dir=tmp_path)
+    store = RacedStore(fakeredis.FakeAsyncRedis(), Names("t"), events_maxlen=1000, result_ttl_s=60)
+    storage = LocalStorage(tmp_path / "storage")
+    job, plan = validate(JobRequest(text="One. Two."), settings)
+
+    async def setup():
+        await store.create(job, plan, tasks_for(job, plan))
+        for segment in (0, 1):
+            attempt = await store.start_segment(job.id, segment)
+            pcm = np.full(480, segment + 1, "<i2").tobytes()
+            assert (
+                await store.add_delta(AudioChunk(job.id, segment, attempt, 0, True, 24000, pcm)) == "complete"
+            )
+            storage.put_bytes(f"parts/{job.id}/{segment:06d}-{attempt}.pcm", pcm)
+            await store.segment_done(job.id, segment, attempt, 480, 0.02)
+        assert (await store.get(job.id)).status == JobStatus.FINALIZING
+
+    asyncio.run(setup())
+    return settings, store, storage, job
+
+
+def test_a_job_deleted_while_it_is_stitched_leaves_no_file_and_no_key(tmp_path):
+    settings, store, storage, job = finalizing_job(tmp_path)
+
+    async def delete(job_id):  # what DELETE does: cancel, then purge the keys
+        await store.cancel(job_id)
+        await store.purge(job_id)
+
+    store.before_finish = delete
+    assert asyncio.run(Finalizer(settings, store, storage).run(job.id)) == "skipped"
+    assert asyncio.run(store.redis.keys(f"*{job.id}*")) == []  # finish did not re-create the job hash
+    assert not storage.exists(audio_object(job.id, "wav")) and not storage.exists(manifest_object(job.id))
+
+
+def test_a_second_finalize_of_a_done_job_keeps_its_file(tmp_path):
+    settings, store, storage, job = finalizing_job(tmp_path)
+
+    async def first_run_finishes(job_id):
+        store.before_finish = _noop
+        assert await store.finish(job_id, audio_object(job_id, "wav"), 1.0, "/x")
+
+    store.before_finish = first_run_finishes
+    assert asyncio.run(Finalizer(settings, store, storage).run(job.id)) == "skipped"
+    got = asyncio.run(store.get(job.id))
+    assert got.status == JobStatus.DONE and got.audio_key == audio_object(job.id, "wav")
+    assert storage.exists(audio_object(job.id, "wav")) and storage.exists(manifest_object(job.id))
+
+
+async def _noop(_job_id):
+    return None
