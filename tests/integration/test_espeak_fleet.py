@@ -51,12 +51,6 @@ def fleet(redis_url, data_dir, tmp_path_factory):
     delete_prefix(redis_url, prefix)
 
 
-@pytest.fixture
-def client(fleet):
-    with fleet.client() as c:
-        yield c
-
-
 def words(text: str) -> int:
     return len(re.findall(r"[\w'-]+", text))
 

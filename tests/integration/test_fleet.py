@@ -49,12 +49,6 @@ def fleet(redis_url, data_dir, tiny_dir, tmp_path_factory):
 
 
 @pytest.fixture
-def client(fleet):
-    with fleet.client() as c:
-        yield c
-
-
-@pytest.fixture
 def raw_redis(fleet):
     r = redis.Redis.from_url(fleet.settings.redis_url)
     yield r
