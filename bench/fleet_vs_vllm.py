@@ -148,16 +148,18 @@ def book(seed: int, sentences: int, per_chapter: int = 50) -> str:
     return "".join(out)
 
 
-class AudioWatcher:
-    """Records when the first AudioChunk of each job appears on the audio stream."""
+class StreamWatcher:
+    """Records when the first entry of each job appears on each watched stream: the segment task
+    (the API queued it), its first code chunk (the AR worker published it), its first audio chunk
+    (decoded: what a listener could play). The stages of time to first audio."""
 
-    def __init__(self, redis_url: str, stream: str) -> None:
+    def __init__(self, redis_url: str, streams: dict[str, str]) -> None:
         import redis
 
         self.redis = redis.Redis.from_url(redis_url, socket_timeout=30)
-        self.stream = stream
-        self.first: dict[str, float] = {}
-        self.max_len: dict[str, int] = {}
+        self.labels = {name.encode(): label for label, name in streams.items()}
+        self.first_by: dict[str, dict[str, float]] = {label: {} for label in streams}
+        self.first = self.first_by["audio"]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -165,16 +167,21 @@ class AudioWatcher:
     def _run(self) -> None:
         from fleet.messages import job_id_of
 
-        last = "$"
+        last = {name: "$" for name in self.labels}
         while not self._stop.is_set():
-            reply = self.redis.xread({self.stream: last}, block=200, count=1000)
+            reply = self.redis.xread(last, block=200, count=1000)
             now = time.perf_counter()
-            for _, entries in reply or []:
+            for stream, entries in reply or []:
+                firsts = self.first_by[self.labels[stream]]
                 for entry_id, fields in entries:
-                    last = entry_id
+                    last[stream] = entry_id
                     job = job_id_of(fields)
-                    if job and job not in self.first:
-                        self.first[job] = now
+                    if job and job not in firsts:
+                        firsts[job] = now
+
+    def stages(self, job_id: str, t0: float) -> dict[str, float]:
+        """Seconds from ``t0`` (the POST) to the job's first task, code chunk and audio chunk."""
+        return {label: firsts[job_id] - t0 for label, firsts in self.first_by.items() if job_id in firsts}
 
     def stop(self) -> None:
         self._stop.set()
@@ -318,12 +325,17 @@ def run_fleet(args, env: dict, settings, log_dir: Path) -> dict:
         wait(warm, args.timeout)
         print(f"fleet warm after {time.perf_counter() - t:.1f} s", flush=True)
 
-        watcher = AudioWatcher(settings.redis_url, names.audio())
-        ttfa = []
+        model = settings.default_model
+        watcher = StreamWatcher(
+            settings.redis_url, {"task": names.tasks(model), "code": names.codes(model), "audio": names.audio()}
+        )
+        ttfa, ttfa_stages = [], []
         for i in range(args.ttfa_runs):
             job_id, t0 = submit(f"Time to first audio, run {i}: the keeper lit the lamp.", seed=900 + i)
             wait([job_id], 120)
             ttfa.append(watcher.first[job_id] - t0)
+            ttfa_stages.append(watcher.stages(job_id, t0))
+            print(f"TTFA run {i}: " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in ttfa_stages[-1].items()))
         sampler = QueueSampler(
             settings.redis_url,
             {
@@ -352,6 +364,7 @@ def run_fleet(args, env: dict, settings, log_dir: Path) -> dict:
         return {
             "complete": complete,
             "ttfa_s": ttfa,
+            "ttfa_stages_s": ttfa_stages,
             "wall_s": wall,
             "segments": sum(j["segments_total"] for j in jobs),
             "audio_s": sum(j["audio_seconds"] for j in jobs),
@@ -427,19 +440,15 @@ def sampling_variants(llm, prompts, ours: list, count: int) -> dict:
 
     from models.engines.vllm_engine import VllmEngine
 
+    plain = {"top_p": 1.0, "top_k": 50, "seed": None, "repetition_penalty": 1.0, "constraint": None}
     variants = {
+        "plain_top_k50_first": plain,  # first and last: does the engine's speed drift in the run?
         "fleet": {},
         "no_seed": {"seed": None},
         "top_k50_not_top_p": {"top_p": 1.0, "top_k": 50},
         "no_repetition_penalty": {"repetition_penalty": 1.0},
         "no_constraint": {"constraint": None},
-        "plain_top_k50": {
-            "top_p": 1.0,
-            "top_k": 50,
-            "seed": None,
-            "repetition_penalty": 1.0,
-            "constraint": None,
-        },
+        "plain_top_k50": plain,
     }
     out = {}
     for name, change in variants.items():
@@ -570,6 +579,7 @@ def main() -> int:
         "fleet_audio_s_per_s": fleet["audio_s"] / fleet["wall_s"],
         "ttfa_idle_s": fleet["ttfa_s"],
         "ttfa_idle_median_s": statistics.median(fleet["ttfa_s"]),
+        "ttfa_idle_stages_s": fleet["ttfa_stages_s"],
         "first_audio_under_load_s": fleet["first_audio_under_load_s"],
         "queue_peaks": fleet["queue_peaks"],
         "redis_memory_peak_mb": fleet["redis_memory_peak_mb"],

@@ -40,19 +40,26 @@ log = logging.getLogger(__name__)
 CONSTRAINT_KEY = "narrate_frame_constraint"
 
 
-@dataclass(eq=False)
-class _Row:
-    """A constrained request in the batch (by batch index)."""
+@dataclass(frozen=True)
+class _Layout:
+    """Where a constrained request's candidates are: the same for every request of one engine
+    (one checkpoint, one family)."""
 
-    prompt_ids: list[int]
-    output_ids: list[int]  # vLLM's live list of the request's generated tokens
     base: int
     stride: int
     size: int
     period: int
     stop: tuple[int, ...]
-    sampling: tuple[float, float, int, float, int]  # temperature, top_p, top_k, penalty, seed
-    counted: int = -1  # output tokens already marked in the seen table; -1: row not initialised
+
+
+@dataclass(eq=False)
+class _Row:
+    """A constrained request in the batch (the processor keys it by batch index)."""
+
+    prompt_ids: list[int]
+    output_ids: list[int]  # vLLM's live list of the request's generated tokens
+    sampling: tuple[float, float, float, int, int]  # temperature, top_p, penalty, top_k, seed
+    generated: int = -1  # len(output_ids) at the last step; -1: the row's device state is not written
 
 
 class FrameConstraintLogitsProcessor(LogitsProcessor):
@@ -61,21 +68,33 @@ class FrameConstraintLogitsProcessor(LogitsProcessor):
     For a request with the constraint (``extra_args[CONSTRAINT_KEY]``), frame position p = tokens
     generated so far mod ``period``; the candidates are token ids [base + p * stride, ... + size)
     and, when p == 0, the stop ids. The processor samples among them with the request's own
-    settings (``models.sampling``: repetition penalty over a per-row seen-token table kept on the
-    device, temperature, top-k, top-p, seeded Gumbel noise), then leaves only the chosen token
-    finite, and vLLM's greedy pick returns it. vLLM is given greedy settings for such requests, so
-    its sampler neither sorts the 157k-token vocabulary nor runs a random generator per request.
-    Per step: a few small host->device copies; never a device->host read (I3).
+    settings (``models.sampling``: repetition penalty over a per-row seen-token table, temperature,
+    top-k, top-p, seeded Gumbel noise), then leaves only the chosen token finite, and vLLM's greedy
+    pick returns it. vLLM is given greedy settings for such requests, so its sampler neither sorts
+    the 157k-token vocabulary nor runs a random generator per request.
+
+    The engine core runs this every step, so the per-step host work is kept to a loop over the
+    rows' lengths and one small host->device copy; everything else lives on the device by batch
+    index and moves with the requests: the sampling settings (written once per request), the
+    seen-token table and the token chosen at the last step (folded into the table on the device
+    when the request's length shows that vLLM kept it; with async scheduling the host does not know
+    it yet). Never a device->host read (I3).
     """
 
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:
         self.device = device
         self.pin = is_pin_memory
         self.rows: dict[int, _Row] = {}
-        self._max_rows = int(vllm_config.scheduler_config.max_num_seqs)
-        self._seen: torch.Tensor | None = None  # bool [max_num_seqs, vocab], by batch index
-        self._offsets: torch.Tensor | None = None
-        self._zeros: dict[torch.dtype, torch.Tensor] = {}
+        self.layout: _Layout | None = None
+        max_rows = int(vllm_config.scheduler_config.max_num_seqs)
+        # by batch index: temperature, top_p, penalty | top_k, seed | the token chosen last step
+        self._floats = torch.zeros(max_rows, 3, dtype=torch.float64, device=device)
+        self._ints = torch.zeros(max_rows, 2, dtype=torch.int64, device=device)
+        self._last = torch.zeros(max_rows, dtype=torch.int64, device=device)
+        self._seen: torch.Tensor | None = None  # bool [max_rows, vocab]
+        self._order: list[tuple[int, _Row]] | None = None  # live rows by batch index (cached)
+        self._consts: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._zero = torch.zeros((), device=device)  # the forced token's logit, as a device value
 
     def is_argmax_invariant(self) -> bool:
         return False  # it changes which token is most likely
@@ -89,6 +108,7 @@ class FrameConstraintLogitsProcessor(LogitsProcessor):
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         if batch_update is None:
             return
+        self._order = None
         for index in batch_update.removed:
             self.rows.pop(index, None)
         for added in batch_update.added:
@@ -99,15 +119,11 @@ class FrameConstraintLogitsProcessor(LogitsProcessor):
             if spec is None:
                 self.rows.pop(index, None)
                 continue
+            self._check_layout(spec)
             self.rows[index] = _Row(
                 list(prompt_ids or ()),
                 output_ids,
-                spec["base"],
-                spec["stride"],
-                spec["size"],
-                spec["period"],
-                tuple(spec["stop"]),
-                (spec["temperature"], spec["top_p"], spec["top_k"], spec["penalty"], spec["seed"]),
+                (spec["temperature"], spec["top_p"], spec["penalty"], spec["top_k"], spec["seed"]),
             )
         for a, b, direction in batch_update.moved:
             swap = direction.name == "SWAP"
@@ -116,104 +132,126 @@ class FrameConstraintLogitsProcessor(LogitsProcessor):
                 self.rows[b] = row_a
             if row_b is not None and swap:
                 self.rows[a] = row_b
-            # the seen table's rows travel with their requests (views and device copies only:
-            # indexing with Python lists would copy the indices from pageable memory)
-            if self._seen is not None and (row_a is not None or (swap and row_b is not None)):
-                if swap:
-                    kept = self._seen[a].clone()
-                    self._seen[a].copy_(self._seen[b])
-                    self._seen[b].copy_(kept)
-                else:
-                    self._seen[b].copy_(self._seen[a])
+            if row_a is not None or (swap and row_b is not None):
+                self._move_device_rows(a, b, swap)
+
+    def _check_layout(self, spec: dict) -> None:
+        layout = _Layout(spec["base"], spec["stride"], spec["size"], spec["period"], tuple(spec["stop"]))
+        if self.layout is None:
+            self.layout = layout
+        elif layout != self.layout:
+            raise ValueError(f"one engine serves one code layout: {layout} is not {self.layout}")
+
+    def _move_device_rows(self, a: int, b: int, swap: bool) -> None:
+        """Device copies only (indexing with Python ints would copy indices from pageable memory,
+        which waits for the stream)."""
+        tables = [self._floats, self._ints, self._last]
+        if self._seen is not None:
+            tables.append(self._seen)
+        for t in tables:
+            if swap:
+                kept = t[a].clone()
+                t[a].copy_(t[b])
+                t[b].copy_(kept)
+            else:
+                t[b].copy_(t[a])
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.rows:
+            return logits
         n, vocab = logits.shape
-        live = [(i, row) for i, row in self.rows.items() if i < n]
+        if self._order is None:
+            self._order = sorted((i, row) for i, row in self.rows.items() if i < n)
+        live = self._order
         if not live:
             return logits
         seen = self._seen_table(vocab)
-        self._mark_seen(seen, live, vocab)
-        size = live[0][1].size
-        n_stop = max(len(row.stop) for _, row in live)
-        index, lo, boundary, stops, settings = [], [], [], [], []
+        layout = self.layout
+        # the one per-step host->device copy: batch index, tokens generated, kept-last-token flag
+        step_info, fresh = [], []
         for i, row in live:
             generated = len(row.output_ids)
-            position = generated % row.period
-            index.append(i)
-            lo.append(row.base + position * row.stride)
-            boundary.append(position == 0)
-            stops.append(list(row.stop) + [row.base] * (n_stop - len(row.stop)))
-            settings.append((*row.sampling, generated))
-        put = self._to_device
-        index_t = put(index, torch.int64)
-        candidates = put(lo, torch.int64)[:, None] + self._arange(size)[None, :]
-        if n_stop:
-            stop_ok = put(boundary, torch.bool)[:, None] & (
-                torch.arange(n_stop, device=self.device)[None, :]
-                < put([len(row.stop) for _, row in live], torch.int64)[:, None]
-            )
-            candidates = torch.cat((candidates, put(stops, torch.int64)), dim=1)
-        rows_logits = logits.index_select(0, index_t).gather(1, candidates)
-        if n_stop:
-            rows_logits[:, size:].masked_fill_(~stop_ok, float("-inf"))
+            if row.generated < 0:
+                fresh.append((i, row))
+                kept = 0
+            else:
+                kept = int(generated == row.generated + 1)  # vLLM appended last step's choice
+            row.generated = generated
+            step_info.append((i, generated, kept))
+        info = self._to_device(step_info, torch.int64)
+        index, generated, kept = info[:, 0], info[:, 1], info[:, 2].bool()
+        if fresh:
+            self._write_fresh_rows(fresh, seen, vocab)
+        flat_seen = seen.view(-1)
+        last = index * vocab + self._last.index_select(0, index)
+        flat_seen.index_put_((last,), flat_seen.index_select(0, last) | kept)
+        # candidates: the frame position's codes, then the stop ids (allowed at a boundary only)
+        offsets, stop_ids, stop_slots = self._constants(layout)
+        position = generated % layout.period
+        candidates = (layout.base + position * layout.stride)[:, None] + offsets[None, :]
+        if layout.stop:
+            candidates = torch.cat((candidates, stop_ids.expand(len(live), -1)), dim=1)
+        rows_logits = logits[index[:, None], candidates]
+        if layout.stop:
+            rows_logits.masked_fill_((position != 0)[:, None] & stop_slots[None, :], float("-inf"))
+        floats, ints = self._floats.index_select(0, index), self._ints.index_select(0, index)
         chosen = sample_candidates(
             rows_logits,
             candidates,
-            seen.index_select(0, index_t).gather(1, candidates),
-            SamplingRows.build(settings, self.device, self.pin),
+            seen[index[:, None], candidates],
+            SamplingRows(
+                temperature=floats[:, 0],
+                top_p=floats[:, 1],
+                repetition_penalty=floats[:, 2],
+                top_k=ints[:, 0],
+                seed=ints[:, 1],
+                step=generated,
+            ),
         )
         tokens = candidates.gather(1, chosen[:, None]).squeeze(1)
-        # In place, and with index_fill_ only: an indexed assignment of a Python scalar
-        # (``t[i, j] = 0.0``) copies the scalar to the device from pageable memory, which waits for
-        # the stream, i.e. for the forward pass (the H200 profile showed ~25 % of the engine core
-        # there).
-        # (logits may be a strided view of a wider buffer, so no flat view here: the value is a
-        # device tensor instead)
-        logits.index_fill_(0, index_t, float("-inf"))
-        logits.index_put_((index_t, tokens), self._zero(logits.dtype))
+        self._last.index_copy_(0, index, tokens)
+        # in place, with index_fill_/index_put_ of device values only: an indexed assignment of a
+        # Python scalar copies it from pageable memory, which waits for the forward pass (the H200
+        # profile of run 6 showed ~25 % of the engine core there)
+        logits.index_fill_(0, index, float("-inf"))
+        logits.index_put_((index, tokens), self._zero.to(logits.dtype))
         return logits
 
-    def _zero(self, dtype: torch.dtype) -> torch.Tensor:
-        zero = self._zeros.get(dtype)
-        if zero is None:
-            zero = self._zeros[dtype] = torch.zeros((), dtype=dtype, device=self.device)
-        return zero
+    def _write_fresh_rows(self, fresh: list[tuple[int, _Row]], seen: torch.Tensor, vocab: int) -> None:
+        """Settings, a cleared seen-table row, and the prompt and any output so far (a resumed
+        request) marked; the output's unknown last token (async scheduling) is skipped."""
+        index = self._to_device([i for i, _ in fresh], torch.int64)
+        settings = [row.sampling for _, row in fresh]
+        self._floats.index_copy_(0, index, self._to_device([s[:3] for s in settings], torch.float64))
+        self._ints.index_copy_(0, index, self._to_device([s[3:] for s in settings], torch.int64))
+        seen.index_fill_(0, index, False)
+        flat = [
+            i * vocab + min(max(t, 0), vocab - 1)
+            for i, row in fresh
+            for t in (*row.prompt_ids, *row.output_ids)
+            if t >= 0
+        ]
+        if flat:
+            seen.view(-1).index_fill_(0, self._to_device(flat, torch.int64), True)
 
     def _seen_table(self, vocab: int) -> torch.Tensor:
         if self._seen is None or self._seen.shape[1] != vocab:
-            self._seen = torch.zeros(self._max_rows, vocab, dtype=torch.bool, device=self.device)
+            self._seen = torch.zeros(self._floats.shape[0], vocab, dtype=torch.bool, device=self.device)
             for row in self.rows.values():
-                row.counted = -1
+                row.generated = -1
         return self._seen
 
-    def _mark_seen(self, seen: torch.Tensor, live: list[tuple[int, _Row]], vocab: int) -> None:
-        """Fold tokens generated since the last step (and new rows' prompts) into the table."""
-        fresh, at_rows, at_ids = [], [], []
-        for i, row in live:
-            if row.counted < 0:
-                fresh.append(i)
-                at_rows.extend([i] * len(row.prompt_ids))
-                at_ids.extend(row.prompt_ids)
-                row.counted = 0
-            new = row.output_ids[row.counted :]
-            if -1 in new:  # an async-scheduling placeholder: fold it in once it is known
-                new = new[: new.index(-1)]
-            at_rows.extend([i] * len(new))
-            at_ids.extend(new)
-            row.counted += len(new)
-        if fresh:  # index_fill_, not ``seen[i] = False``: see apply()
-            seen.index_fill_(0, self._to_device(fresh, torch.int64), False)
-        if at_ids:
-            ids = self._to_device(at_ids, torch.int64).clamp_(0, vocab - 1)
-            seen.view(-1).index_fill_(0, self._to_device(at_rows, torch.int64) * vocab + ids, True)
+    def _constants(self, layout: _Layout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self._consts is None:
+            self._consts = (
+                torch.arange(layout.size, device=self.device),
+                torch.tensor(layout.stop, dtype=torch.int64, device=self.device)[None, :],
+                torch.arange(layout.size + len(layout.stop), device=self.device) >= layout.size,
+            )
+        return self._consts
 
     def _to_device(self, values, dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, pin_memory=self.pin).to(self.device, non_blocking=True)
-
-    def _arange(self, size: int) -> torch.Tensor:
-        if self._offsets is None or self._offsets.shape[0] != size:
-            self._offsets = torch.arange(size, device=self.device)
-        return self._offsets
 
 
 _SPEC_KEYS = {"base", "stride", "size", "period", "stop", "temperature", "top_p", "top_k", "penalty", "seed"}

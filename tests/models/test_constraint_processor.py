@@ -1,0 +1,162 @@
+"""The vLLM frame-constraint logits processor, driven directly the way vLLM's engine core drives it.
+
+vLLM's ``BatchUpdate`` adds requests at batch indices, removes them, moves and swaps them as it
+condenses the batch, and, with async scheduling, shows the last sampled token as -1 until it reaches
+the host. Whatever the batch does, every constrained request must get exactly the token that the
+shared sampler (``models.sampling``) picks for that request alone: its own logits, its seen tokens
+(prompt and every token generated so far, the last one included), its seed and its step.
+Unconstrained requests are left alone.
+"""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="the processor is a vLLM v1 logits processor")
+
+from vllm import SamplingParams as VllmSamplingParams  # noqa: E402
+from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality  # noqa: E402
+
+from models.engines.vllm_engine import CONSTRAINT_KEY, FrameConstraintLogitsProcessor  # noqa: E402
+from models.sampling import SamplingRows, sample_candidates  # noqa: E402
+
+VOCAB, BASE, SIZE, STOP = 160, 10, 24, (3, 5)
+MAX_ROWS = 8
+#: (stride, period): Orpheus-like (each frame position has its own codes) and Llasa-like (one code
+#: per frame: the token just sampled is a candidate again at the next step)
+LAYOUTS = {"positions": (30, 4), "one-codebook": (0, 1)}
+
+
+class Request:
+    def __init__(self, rid: int, constrained: bool, layout: tuple[int, int] = LAYOUTS["positions"]) -> None:
+        rng = random.Random(rid)
+        self.rid = rid
+        self.stride, self.period = layout
+        self.prompt = [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 6))] + [BASE + 1]
+        self.output: list[int] = []  # the live list vLLM hands the processor
+        self.real: list[int] = []  # what the output really is (async: the last entry is not shown yet)
+        self.settings = (0.9 if rid % 3 else 0.0, 0.8, 1.3, 5 if rid % 2 else 0, 1000 + rid)
+        temperature, top_p, penalty, top_k, seed = self.settings
+        spec = dict(
+            base=BASE, stride=self.stride, size=SIZE, period=self.period, stop=list(STOP),
+            temperature=temperature, top_p=top_p, penalty=penalty, top_k=top_k, seed=seed,
+        )  # fmt: skip
+        self.params = VllmSamplingParams(extra_args={CONSTRAINT_KEY: spec} if constrained else None)
+        self.constrained = constrained
+
+    def expected(self, logits_row: torch.Tensor) -> int:
+        """The token the shared sampler picks for this request alone."""
+        step = len(self.real)
+        position = step % self.period
+        low = BASE + position * self.stride
+        ids = list(range(low, low + SIZE)) + list(STOP)
+        row = logits_row[ids].clone()
+        if position != 0:
+            row[SIZE:] = float("-inf")
+        history = set(self.prompt) | set(self.real)
+        seen = torch.tensor([[t in history for t in ids]])
+        temperature, top_p, penalty, top_k, seed = self.settings
+        rows = SamplingRows.build([(temperature, top_p, top_k, penalty, seed, step)], "cpu")
+        chosen = sample_candidates(row[None, :], torch.tensor([ids]), seen, rows)
+        return ids[int(chosen)]
+
+
+def processor() -> FrameConstraintLogitsProcessor:
+    config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=MAX_ROWS))
+    return FrameConstraintLogitsProcessor(config, torch.device("cpu"), False)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS.values(), ids=LAYOUTS.keys())
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_every_row_gets_its_own_sample_through_adds_removes_moves_and_swaps(async_scheduling, layout):
+    rng = random.Random(7 if async_scheduling else 8)
+    torch.manual_seed(0)
+    proc = processor()
+    batch: list[Request | None] = []  # by batch index
+    next_id, checked = 0, 0
+    for step in range(120):
+        removed, added, moved = [], [], []
+        # vLLM's order (BatchUpdate): finished requests leave holes, new requests fill the holes
+        # first, then the batch is condensed (the last requests move into the remaining holes)
+        for i, req in enumerate(batch):
+            if req is not None and (len(req.real) > 9 and rng.random() < 0.15):
+                batch[i] = None
+                removed.append(i)
+        while len([r for r in batch if r is not None]) < MAX_ROWS and rng.random() < 0.5:
+            req = Request(next_id, constrained=next_id % 4 != 3, layout=layout)
+            next_id += 1
+            index = batch.index(None) if None in batch else len(batch)
+            if index == len(batch):
+                batch.append(req)
+            else:
+                batch[index] = req
+            added.append((index, req.params, req.prompt, req.output))
+        while None in batch:
+            if batch[-1] is None:
+                batch.pop()
+                continue
+            hole = batch.index(None)
+            batch[hole] = batch.pop()
+            moved.append((len(batch), hole, MoveDirectionality.UNIDIRECTIONAL))
+        # and now and then a swap (vLLM reorders the batch)
+        if len(batch) >= 2 and rng.random() < 0.2:
+            a, b = rng.sample(range(len(batch)), 2)
+            batch[a], batch[b] = batch[b], batch[a]
+            moved.append((a, b, MoveDirectionality.SWAP))
+        assert None not in batch
+        update = BatchUpdate(len(batch), removed, added, moved) if (removed or added or moved) else None
+        proc.update_state(update)
+        if not batch:
+            continue
+        logits = torch.randn(len(batch), VOCAB) * 3
+        original = logits.clone()
+        out = proc.apply(logits)
+        picked = out.argmax(dim=1).tolist()
+        for i, req in enumerate(batch):
+            if not req.constrained:
+                assert torch.equal(out[i], original[i]), "an unconstrained row was changed"
+                token = picked[i]
+            else:
+                assert torch.isfinite(out[i]).sum() == 1
+                token = req.expected(original[i])
+                assert picked[i] == token, f"request {req.rid}, step {len(req.real)}"
+                checked += 1
+            req.real.append(token)
+            # what the processor sees before the next step: with async scheduling the token just
+            # sampled is a placeholder until the host has it
+            if async_scheduling:
+                if req.output:
+                    req.output[-1] = req.real[-2]
+                req.output.append(-1)
+            else:
+                req.output.append(token)
+    assert next_id > 2 * MAX_ROWS and checked > 300
+
+
+def test_a_request_resumed_with_output_folds_its_output_into_the_penalty():
+    """A preempted request comes back with the tokens it already made: they count as seen."""
+    proc = processor()
+    req = Request(1, constrained=True)
+    req.real = [BASE + 4, BASE + req.stride + 7]
+    req.output.extend(req.real)
+    proc.update_state(BatchUpdate(1, [], [(0, req.params, req.prompt, req.output)], []))
+    for _ in range(6):
+        logits = torch.randn(1, VOCAB)
+        original = logits.clone()
+        token = int(proc.apply(logits).argmax())
+        assert token == req.expected(original[0])
+        req.real.append(token)
+        req.output.append(token)
+
+
+def test_one_engine_one_layout():
+    proc = processor()
+    a, b = Request(1, True), Request(2, True)
+    b.params.extra_args[CONSTRAINT_KEY]["stride"] += 1
+    proc.update_state(BatchUpdate(1, [], [(0, a.params, a.prompt, a.output)], []))
+    with pytest.raises(ValueError, match="one code layout"):
+        proc.update_state(BatchUpdate(2, [], [(1, b.params, b.prompt, b.output)], []))
