@@ -327,7 +327,8 @@ def run_fleet(args, env: dict, settings, log_dir: Path) -> dict:
 
         model = settings.default_model
         watcher = StreamWatcher(
-            settings.redis_url, {"task": names.tasks(model), "code": names.codes(model), "audio": names.audio()}
+            settings.redis_url,
+            {"task": names.tasks(model), "code": names.codes(model), "audio": names.audio()},
         )
         ttfa, ttfa_stages = [], []
         for i in range(args.ttfa_runs):

@@ -78,7 +78,7 @@ def test_every_row_gets_its_own_sample_through_adds_removes_moves_and_swaps(asyn
     proc = processor()
     batch: list[Request | None] = []  # by batch index
     next_id, checked = 0, 0
-    for step in range(120):
+    for _ in range(120):
         removed, added, moved = [], [], []
         # vLLM's order (BatchUpdate): finished requests leave holes, new requests fill the holes
         # first, then the batch is condensed (the last requests move into the remaining holes)
