@@ -430,13 +430,18 @@ def run_offline(args, settings, fleet: dict) -> dict:
         "expected_tokens": sum(p.max_tokens for p in params),
     }
     if args.raw_variants:
-        result["variants"] = sampling_variants(llm, prompts, ours_list, args.raw_variants)
+        beside = (settings, fleet["audio_s_per_s"]) if args.device == "cuda" else None
+        result["variants"] = sampling_variants(llm, prompts, ours_list, args.raw_variants, beside)
     return result
 
 
-def sampling_variants(llm, prompts, ours: list, count: int) -> dict:
+def sampling_variants(llm, prompts, ours: list, count: int, beside_decoder=None) -> dict:
     """Raw vLLM tokens/s on the first ``count`` requests (at most 40 frames each) with the fleet's
-    sampling and with one setting changed at a time: which part of the sampling costs what."""
+    sampling and with one setting changed at a time: which part of the sampling costs what.
+
+    ``beside_decoder`` = (settings, audio-s/s): once more with the fleet's sampling while a SNAC
+    decoder in another process (its own CUDA context, like the fleet's decoder) decodes that much
+    audio per second on the same GPU: what sharing the GPU with the decoder costs the AR engine."""
     from vllm.sampling_params import RequestOutputKind
 
     from models.engines.vllm_engine import VllmEngine
@@ -452,7 +457,8 @@ def sampling_variants(llm, prompts, ours: list, count: int) -> dict:
         "plain_top_k50": plain,
     }
     out = {}
-    for name, change in variants.items():
+
+    def measure(name: str, change: dict) -> None:
         params = []
         for p in ours[:count]:
             p = dataclasses.replace(p, max_tokens=min(p.max_tokens, 280), **change)
@@ -470,7 +476,50 @@ def sampling_variants(llm, prompts, ours: list, count: int) -> dict:
             f"RESULT raw variant {name}: {tokens} tokens in {wall:.2f} s = {tokens / wall:.0f} tok/s",
             flush=True,
         )
+
+    for name, change in variants.items():
+        measure(name, change)
+    if beside_decoder is not None:
+        import multiprocessing
+
+        settings, rate = beside_decoder
+        mp = multiprocessing.get_context("spawn")
+        ready, stop, decoded = mp.Event(), mp.Event(), mp.Value("d", 0.0)
+        load = mp.Process(target=decoder_load, args=(settings, rate, ready, stop, decoded), daemon=True)
+        load.start()
+        if ready.wait(300):
+            before, t0 = decoded.value, time.perf_counter()
+            measure("fleet_beside_decoder", {})
+            achieved = (decoded.value - before) / (time.perf_counter() - t0)
+            out["fleet_beside_decoder"]["decoder_audio_s_per_s"] = achieved
+            print(f"RESULT decoder beside it: {achieved:.0f} audio-s/s (asked {rate:.0f})", flush=True)
+        stop.set()
+        load.join(60)
     return out
+
+
+def decoder_load(settings, rate: float, ready, stop, decoded) -> None:
+    """The fleet's SNAC decoder in a process of its own, decoding ``rate`` audio-seconds per second
+    of full windows (25 new frames, the family's context), 8 windows per batch."""
+    import numpy as np
+
+    from models.registry import get_model, load_codec
+
+    spec = get_model(settings.default_model, settings)
+    family, codec = spec.family, load_codec(spec, settings)
+    left, right = family.left_context_frames, family.lookahead_frames
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 4096, size=(left + 25 + right, family.layout.codes_per_frame)).astype(np.int32)
+    windows = [(frames, left, right)] * 8
+    audio_per_call = 8 * 25 * family.samples_per_frame / codec.sample_rate
+    codec.decode_windows(windows)
+    ready.set()
+    next_call = time.perf_counter()
+    while not stop.is_set():
+        codec.decode_windows(windows)
+        decoded.value += audio_per_call
+        next_call += audio_per_call / rate
+        time.sleep(max(0.0, next_call - time.perf_counter()))
 
 
 def offline_in_subprocess(args, fleet: dict, out: Path) -> dict:
@@ -489,7 +538,10 @@ def offline_in_subprocess(args, fleet: dict, out: Path) -> dict:
             time.sleep(0.5)
         print(f"GPU memory in use before the offline phase: {used} MiB", flush=True)
     state = Path(args.data_dir) / "fleet-state.json"  # not in --out: only results and logs travel back
-    state.write_text(json.dumps({"texts": fleet["texts"], "manifests": fleet["manifests"]}))
+    audio_rate = fleet["audio_s"] / fleet["wall_s"]
+    state.write_text(
+        json.dumps({"texts": fleet["texts"], "manifests": fleet["manifests"], "audio_s_per_s": audio_rate})
+    )
     subprocess.run([sys.executable, __file__, *sys.argv[1:], "--offline-from", str(state)], check=True)
     return json.loads(state.with_name("offline.json").read_text())
 

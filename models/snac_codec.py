@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from snac import SNAC
 from snac.layers import NoiseBlock
+from torch.nn.utils import parametrize
 
 #: The shape of SNAC 24 kHz as Orpheus uses it (hubertsiuzdak/snac_24khz's config.json): 19.8 M
 #: parameters, hop 512, codebooks of 4096 at strides 4/2/1 -> 1 + 2 + 4 codes per 2048-sample frame.
@@ -51,9 +52,14 @@ class SnacCodec:
             for child_name, child in list(module.named_children()):
                 if isinstance(child, NoiseBlock):
                     setattr(module, child_name, torch.nn.Identity())
+            # weight norm recomputes every convolution's weight on every call (3 kernels per layer):
+            # compute it once; the weights are bit-identical to what each call would compute
+            if parametrize.is_parametrized(module, "weight"):
+                parametrize.remove_parametrizations(module, "weight", leave_parametrized=True)
         self.model = model.eval().to(device)
         self.device = device
         self.levels = [list(level) for level in levels]
+        self._level_index = [torch.tensor(level, device=device) for level in self.levels]
         self.sample_rate = int(model.sampling_rate)
         self.samples_per_frame = int(model.hop_length * model.vq_strides[0])
         self.codes_per_frame = sum(len(level) for level in self.levels)
@@ -72,7 +78,8 @@ class SnacCodec:
 
     def _codes(self, frames: torch.Tensor) -> list[torch.Tensor]:
         # frames: [B, n, codes_per_frame] -> one [B, n * len(level)] tensor per level, frame-major
-        return [frames[:, :, level].reshape(frames.shape[0], -1) for level in self.levels]
+        # device index tensors: indexing with a Python list would copy it to the device each call
+        return [frames.index_select(2, index).reshape(frames.shape[0], -1) for index in self._level_index]
 
     @torch.inference_mode()
     def decode_frames(self, frames: np.ndarray) -> np.ndarray:

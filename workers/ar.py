@@ -47,6 +47,12 @@ class StreamingConfig:
         right = family.lookahead_frames if s.lookahead_frames is None else s.lookahead_frames
         return cls(s.chunk_frames, s.first_chunk_frames, left, right)
 
+    def first_chunk_for(self, segment: int) -> int:
+        """The ramp (a small first chunk) only where a listener waits for it: a job's first segment.
+        Later segments run alongside it and are ready long before playback reaches them; for them a
+        ramp would only add windows, i.e. decoder launches and re-decoded context."""
+        return self.first_chunk_frames if segment == 0 else self.chunk_frames
+
 
 class SegmentSynthesizer:
     """One segment task -> the code windows of its audio, as the engine streams tokens."""
@@ -79,7 +85,7 @@ class SegmentSynthesizer:
         chunker = FrameChunker(
             self.family.layout,
             chunk_frames=s.chunk_frames,
-            first_chunk_frames=s.first_chunk_frames,
+            first_chunk_frames=s.first_chunk_for(task.segment),
             left_context=s.left_context,
             lookahead=s.lookahead,
         )

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -18,7 +20,7 @@ from fleet.messages import AudioChunk, CodeChunk, MessageError
 from fleet.names import DECODER_GROUP
 from models.snac_codec import to_pcm16
 from workers.consumer import Delivery
-from workers.runtime import WorkerContext, heartbeat, resilient_loop
+from workers.runtime import WorkerContext, every, heartbeat, resilient_loop
 
 log = logging.getLogger(__name__)
 
@@ -46,16 +48,42 @@ def decode_chunks(codecs: dict[str, Codec], chunks: list[CodeChunk]) -> list[Aud
     return [out[i] for i in range(len(chunks))]
 
 
+@dataclass
+class DecodeStats:
+    """What the decoder did since the last log line: is it keeping up, and how well does it batch?"""
+
+    batches: int = 0
+    chunks: int = 0
+    audio_s: float = 0.0
+    busy_s: float = 0.0  # decoding (compute and device waits), not waiting for chunks
+
+    def line(self, elapsed_s: float) -> str:
+        return (
+            f"decoder: {self.chunks} chunks in {self.batches} batches ({self.chunks / max(self.batches, 1):.1f} "
+            f"per batch), {self.audio_s:.1f} s of audio, busy {self.busy_s / elapsed_s:.0%} of "
+            f"{elapsed_s:.0f} s ({self.audio_s / max(self.busy_s, 1e-9):.0f}x real time while busy)"
+        )
+
+
 class DecoderWorker:
     def __init__(self, ctx: WorkerContext, codecs: dict[str, Codec]) -> None:
         self.ctx = ctx
         self.codecs = codecs
         self.consumer = ctx.consumer([ctx.names.codes(m) for m in codecs], DECODER_GROUP, "decoder")
+        self.stats = DecodeStats()
+        self._stats_since = time.monotonic()
+
+    async def _log_stats(self) -> None:
+        now = time.monotonic()
+        if self.stats.batches:
+            log.info(self.stats.line(now - self._stats_since))
+        self.stats, self._stats_since = DecodeStats(), now
 
     async def run(self) -> None:
         chores = [
             asyncio.create_task(self.consumer.lease_loop(self.ctx.stop)),
             asyncio.create_task(heartbeat(self.ctx, "decoder", list(self.codecs))),
+            asyncio.create_task(every(10.0, self.ctx.stop, self._log_stats, "decoder stats line")),
         ]
         log.info("decoder for %s", ", ".join(self.codecs))
         try:
@@ -92,6 +120,7 @@ class DecoderWorker:
         work = [(d, c) for d, c in work if not (statuses[c.job_id] is None or statuses[c.job_id].terminal)]
         # 3) decode in a thread (the event loop keeps renewing leases), 4) publish, then 5) ack
         if work:
+            started = time.perf_counter()
             try:
                 audio = await asyncio.to_thread(decode_chunks, self.codecs, [c for _, c in work])
             except Exception:  # noqa: BLE001 - leave the batch pending: it is redelivered, then dead-lettered
@@ -99,6 +128,11 @@ class DecoderWorker:
                 self.consumer.release(*(d for d, _ in work))
                 await self.consumer.ack(*dropped)
                 return
+            stats = self.stats
+            stats.busy_s += time.perf_counter() - started
+            stats.batches += 1
+            stats.chunks += len(audio)
+            stats.audio_s += sum(len(a.pcm) // 2 / a.sample_rate for a in audio)
             pipe = self.ctx.redis.pipeline(transaction=False)
             for chunk in audio:
                 pipe.xadd(self.ctx.names.audio(), chunk.encode())
