@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -67,8 +68,9 @@ class StreamConsumer:
                 if "BUSYGROUP" not in str(exc):
                     raise
 
-    async def read(self, count: int, block_ms: int) -> list[Delivery]:
-        """Up to ``count`` entries: first those reclaimed from dead consumers, then new ones."""
+    async def read(self, count: int, block_ms: int | None) -> list[Delivery]:
+        """Up to ``count`` entries: first those reclaimed from dead consumers, then new ones
+        (waiting up to ``block_ms`` for one; None: not at all)."""
         if count <= 0:
             return []
         out = await self._reclaim(count)
@@ -92,11 +94,24 @@ class StreamConsumer:
             accepted.append(delivery)
         return accepted
 
-    async def next_batch(self, count: int, block_ms: int) -> list[Delivery]:
+    async def next_batch(
+        self,
+        count: int,
+        block_ms: int,
+        linger_s: float = 0.0,
+        urgent: Callable[[list[Delivery]], bool] | None = None,
+    ) -> list[Delivery]:
         """The batch to work on: the unfinished one again if a Redis outage interrupted it (its
-        leases are still ours), else a fresh ``read``. Call ``batch_done`` when it is handled."""
+        leases are still ours), else a fresh ``read``. Call ``batch_done`` when it is handled.
+
+        ``linger_s``: a short fresh batch waits this long once for more entries (bigger batches
+        for batched work), unless ``urgent`` says it must go at once."""
         if not self._batch:
-            self._batch = await self.read(count, block_ms)
+            batch = await self.read(count, block_ms)
+            if batch and linger_s > 0 and len(batch) < count and not (urgent and urgent(batch)):
+                await asyncio.sleep(linger_s)
+                batch += await self.read(count - len(batch), None)
+            self._batch = batch
         return self._batch
 
     def batch_done(self) -> None:

@@ -48,6 +48,18 @@ def decode_chunks(codecs: dict[str, Codec], chunks: list[CodeChunk]) -> list[Aud
     return [out[i] for i in range(len(chunks))]
 
 
+def _holds_a_first_segment(deliveries: list[Delivery]) -> bool:
+    """A job's first segment is what a listener waits for (time to first audio): never held back
+    to fill a batch. Later segments are ready long before they are played."""
+    for d in deliveries:
+        try:
+            if CodeChunk.decode(d.fields).segment == 0:
+                return True
+        except MessageError:
+            return True  # dealt with (dead-lettered) at once
+    return False
+
+
 @dataclass
 class DecodeStats:
     """What the decoder did since the last log line: is it keeping up, and how well does it batch?"""
@@ -94,8 +106,9 @@ class DecoderWorker:
             await asyncio.gather(*chores, return_exceptions=True)
 
     async def _step(self) -> None:
+        s = self.ctx.settings
         deliveries = await self.consumer.next_batch(
-            self.ctx.settings.decode_batch, self.ctx.settings.block_ms
+            s.decode_batch, s.block_ms, s.decode_linger_s(), urgent=_holds_a_first_segment
         )
         if deliveries:
             await self.process(deliveries)  # idempotent: a batch interrupted by an outage is redone

@@ -1,0 +1,99 @@
+"""The decoder worker's batching on a real Redis: it waits briefly to fill a batch, except for a
+job's first segment (what a listener waits for), which it decodes at once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import redis.asyncio as aioredis
+
+from fleet.messages import AudioChunk, CodeChunk
+from fleet.names import Names
+from fleet.settings import Settings
+from fleet.storage import LocalStorage
+from jobs.service import JobRequest, tasks_for, validate
+from jobs.store import JobStore
+from workers.decoder import DecoderWorker
+from workers.runtime import WorkerContext
+
+
+class RecordingCodec:
+    """Stands in for SNAC: records which windows were decoded together."""
+
+    sample_rate = 24_000
+
+    def __init__(self) -> None:
+        self.calls: list[list[int]] = []
+
+    def decode_windows(self, windows):
+        self.calls.append([int(frames.shape[0]) for frames, _, _ in windows])
+        return [
+            np.zeros((frames.shape[0] - left - right) * 2048, np.float32) for frames, left, right in windows
+        ]
+
+
+@pytest.fixture
+def decoder(redis_url, key_prefix, tmp_path):
+    async def make(linger_ms: int):
+        settings = Settings(
+            redis_url=redis_url,
+            key_prefix=key_prefix,
+            data_dir=tmp_path,
+            block_ms=50,
+            decode_linger_ms=linger_ms,
+        )
+        redis = aioredis.from_url(redis_url)
+        names = Names(key_prefix)
+        store = JobStore(redis, names, events_maxlen=1000, result_ttl_s=60)
+        ctx = WorkerContext(settings, redis, names, store, LocalStorage(tmp_path / "s"), asyncio.Event())
+        job, plan = validate(JobRequest(text="One. Two. Three. Four."), settings)
+        await store.create(job, plan, tasks_for(job, plan))
+        codec = RecordingCodec()
+        worker = DecoderWorker(ctx, {job.model: codec})
+        await worker.consumer.setup()
+        return ctx, worker, codec, job
+
+    return make
+
+
+def chunk(job, segment: int, frames: int) -> dict:
+    return CodeChunk(
+        job.id, segment, 1, 0, job.model, left=0, right=0, final=True, frames=np.zeros((frames, 7), np.int32)
+    ).encode()
+
+
+async def audio_entries(ctx) -> list[AudioChunk]:
+    return [AudioChunk.decode(fields) for _, fields in await ctx.redis.xrange(ctx.names.audio())]
+
+
+def test_a_short_batch_waits_once_for_more_chunks(decoder):
+    async def main():
+        ctx, worker, codec, job = await decoder(linger_ms=600)
+        codes = ctx.names.codes(job.model)
+        for segment in (1, 2):
+            await ctx.redis.xadd(codes, chunk(job, segment, 32))
+        step = asyncio.create_task(worker._step())
+        await asyncio.sleep(0.2)
+        await ctx.redis.xadd(codes, chunk(job, 3, 32))  # arrives while the decoder lingers
+        await step
+        assert codec.calls == [[32, 32, 32]]
+        assert sorted(a.segment for a in await audio_entries(ctx)) == [1, 2, 3]
+        await ctx.redis.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_first_segment_is_decoded_at_once(decoder):
+    async def main():
+        ctx, worker, codec, job = await decoder(linger_ms=5_000)
+        codes = ctx.names.codes(job.model)
+        await ctx.redis.xadd(codes, chunk(job, 0, 6))
+        await ctx.redis.xadd(codes, chunk(job, 2, 32))
+        await asyncio.wait_for(worker._step(), 2.0)  # far less than the linger
+        assert codec.calls == [[6, 32]]  # one batch, without waiting
+        assert sorted(a.segment for a in await audio_entries(ctx)) == [0, 2]
+        await ctx.redis.aclose()
+
+    asyncio.run(main())
