@@ -123,6 +123,10 @@ class Settings(BaseSettings):
     #: chunks per batch without it). Unset: 150 ms on a GPU, 0 on the CPU (which decodes windows one
     #: at a time anyway).
     decode_linger_ms: int | None = None
+    #: Decoders run the SNAC decoder under torch.compile (dynamic shapes; compiles on the first
+    #: windows, tens of seconds). H200, bench/decoder_speed.py: 1.3x (8 windows) to 1.5x (64) the
+    #: eager speed; not yet measured inside the fleet, so off by default.
+    decoder_compile: bool = False
     #: Back-pressure: AR workers start no new segment while the code-chunk or the audio stream holds
     #: more than this many entries (decoders or assemblers behind), so Redis memory stays bounded.
     max_stream_backlog: int = 2000

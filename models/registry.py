@@ -176,7 +176,10 @@ def load_codec(spec: ModelSpec, settings: Settings):
     from models.snac_codec import SnacCodec
 
     return SnacCodec.load(
-        spec.checkpoint(settings) / "snac", spec.family.codec_levels, device=settings.device
+        spec.checkpoint(settings) / "snac",
+        spec.family.codec_levels,
+        device=settings.device,
+        compile=settings.decoder_compile,
     )
 
 

@@ -46,7 +46,12 @@ SNAC_24KHZ_CONFIG = dict(
 
 class SnacCodec:
     def __init__(
-        self, model: SNAC, levels: Sequence[Sequence[int]], device: str = "cpu", max_batch: int | None = None
+        self,
+        model: SNAC,
+        levels: Sequence[Sequence[int]],
+        device: str = "cpu",
+        max_batch: int | None = None,
+        compile: bool = False,
     ) -> None:
         for _name, module in list(model.named_modules()):
             for child_name, child in list(module.named_children()):
@@ -57,6 +62,10 @@ class SnacCodec:
             if parametrize.is_parametrized(module, "weight"):
                 parametrize.remove_parametrizations(module, "weight", leave_parametrized=True)
         self.model = model.eval().to(device)
+        if compile:
+            # fuses the Snake activations and residual adds around the convolutions; dynamic shapes:
+            # windows come in many lengths and batch sizes, and one compilation serves them all
+            self.model.decoder = torch.compile(self.model.decoder, dynamic=True)
         self.device = device
         self.levels = [list(level) for level in levels]
         self._level_index = [torch.tensor(level, device=device) for level in self.levels]
@@ -72,9 +81,10 @@ class SnacCodec:
         levels: Sequence[Sequence[int]],
         device: str = "cpu",
         max_batch: int | None = None,
+        compile: bool = False,
     ) -> SnacCodec:
         """Load a codec directory as the snac package saves it (config.json + pytorch_model.bin)."""
-        return cls(SNAC.from_pretrained(str(directory)), levels, device, max_batch)
+        return cls(SNAC.from_pretrained(str(directory)), levels, device, max_batch, compile)
 
     def _codes(self, frames: torch.Tensor) -> list[torch.Tensor]:
         # frames: [B, n, codes_per_frame] -> one [B, n * len(level)] tensor per level, frame-major

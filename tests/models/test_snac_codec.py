@@ -1,0 +1,46 @@
+"""The fleet's SNAC decoder against the snac package as published (24 kHz shape, random weights)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from snac import SNAC
+from snac.layers import NoiseBlock
+
+from models.snac_codec import SNAC_24KHZ_CONFIG, SnacCodec
+
+LEVELS = [[0], [1, 4], [2, 3, 5, 6]]
+
+
+def published() -> SNAC:
+    torch.manual_seed(0)
+    model = SNAC(**SNAC_24KHZ_CONFIG).eval()
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, NoiseBlock):  # the fleet decodes without the random noise (I1)
+                setattr(module, name, torch.nn.Identity())
+    return model
+
+
+def codes(batch: int, frames: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 4096, size=(batch, frames, 7)).astype(np.int32)
+
+
+def test_folding_weight_norm_in_changes_no_sample():
+    reference, codec = published(), SnacCodec(published(), LEVELS)
+    frames = codes(2, 12)
+    t = torch.as_tensor(frames, dtype=torch.long)
+    with torch.inference_mode():
+        expected = reference.decode([t[:, :, level].reshape(2, -1) for level in LEVELS])[:, 0].numpy()
+    assert np.array_equal(codec.decode_frames(frames), expected)
+
+
+@pytest.mark.timeout(600)
+def test_the_compiled_decoder_serves_every_window_shape_with_the_same_audio():
+    eager, compiled = SnacCodec(published(), LEVELS), SnacCodec(published(), LEVELS, compile=True)
+    for batch, length in [(2, 10), (3, 7), (1, 12)]:  # new batch sizes and lengths: no failure
+        frames = codes(batch, length, seed=length)
+        a, b = eager.decode_frames(frames), compiled.decode_frames(frames)
+        assert a.shape == b.shape == (batch, length * 2048)
+        np.testing.assert_allclose(b, a, atol=2e-5)
