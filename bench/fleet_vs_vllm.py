@@ -21,6 +21,7 @@ random weights.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -160,6 +161,7 @@ class StreamWatcher:
         self.labels = {name.encode(): label for label, name in streams.items()}
         self.first_by: dict[str, dict[str, float]] = {label: {} for label in streams}
         self.first = self.first_by["audio"]
+        self.code_frames: list[tuple[float, int]] = []  # (seen at, new frames) of every code chunk
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -172,12 +174,20 @@ class StreamWatcher:
             reply = self.redis.xread(last, block=200, count=1000)
             now = time.perf_counter()
             for stream, entries in reply or []:
-                firsts = self.first_by[self.labels[stream]]
+                label = self.labels[stream]
+                firsts = self.first_by[label]
                 for entry_id, fields in entries:
                     last[stream] = entry_id
                     job = job_id_of(fields)
                     if job and job not in firsts:
                         firsts[job] = now
+                    if label == "code":
+                        header = json.loads(fields[b"h"])
+                        self.code_frames.append((now, header["shape"][0] - header["left"] - header["right"]))
+
+    def frames_per_s(self, start: float, end: float) -> float:
+        """The AR stage's output: new frames per second published in [start, end)."""
+        return sum(n for t, n in self.code_frames if start <= t < end) / max(end - start, 1e-9)
 
     def stages(self, job_id: str, t0: float) -> dict[str, float]:
         """Seconds from ``t0`` (the POST) to the job's first task, code chunk and audio chunk."""
@@ -211,6 +221,71 @@ class QueueSampler:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(5)
+
+
+class ResourceSampler:
+    """Once a second: CPU use of each named process with its children (vLLM's engine core is a child
+    of the AR worker), and the GPU's utilisation (nvidia-smi), so a run shows which of them is busy."""
+
+    def __init__(self, pids: dict[str, int], gpu: bool) -> None:
+        self.gpu = gpu
+        self.samples: list[tuple[float, dict[str, float], float | None]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        try:
+            import psutil
+        except ImportError:  # a diagnosis, not a measurement: the run goes on without it
+            print("psutil is missing: no CPU/GPU use figures", flush=True)
+            return
+        self.procs = {name: psutil.Process(pid) for name, pid in pids.items()}
+        self._thread.start()
+
+    def _tree(self, proc):
+        import psutil
+
+        try:
+            return [proc, *proc.children(recursive=True)]
+        except psutil.Error:
+            return []
+
+    def _run(self) -> None:
+        import subprocess
+
+        import psutil
+
+        seen: dict[int, psutil.Process] = {}
+        while not self._stop.wait(1.0):
+            cpu = {}
+            for name, proc in self.procs.items():
+                total = 0.0
+                for p in self._tree(proc):
+                    p = seen.setdefault(p.pid, p)  # cpu_percent measures since the last call on the object
+                    with contextlib.suppress(psutil.Error):
+                        total += p.cpu_percent(None)
+                cpu[name] = total
+            util = None
+            if self.gpu:
+                out = subprocess.run(
+                    ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
+                    capture_output=True,
+                    text=True,
+                ).stdout.split()
+                util = float(out[0]) if out else None
+            self.samples.append((time.perf_counter(), cpu, util))
+
+    def mean(self, start: float, end: float) -> dict:
+        """Mean CPU percent per process tree (100 = one core) and GPU utilisation in [start, end)."""
+        window = [x for x in self.samples if start <= x[0] < end]
+        if not window:
+            return {}
+        cpu = {name: statistics.mean(c[name] for _, c, _ in window) for name in window[0][1]}
+        gpu = [u for _, _, u in window if u is not None]
+        return {"cpu_percent": cpu, "gpu_util_percent": statistics.mean(gpu) if gpu else None}
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
 
 
 def py_spy(pid: int, output: Path, seconds: int, subprocesses: bool = False, delay_s: int = 15):
@@ -345,9 +420,12 @@ def run_fleet(args, env: dict, settings, log_dir: Path) -> dict:
                 "audio": names.audio(),
             },
         )
+        pids = {c.name: c.process.pid for c in sup.children if c.process is not None}
+        resources = ResourceSampler(pids, gpu=args.device == "cuda")
         texts = [book(i, args.sentences) for i in range(args.jobs)]
         t0 = time.perf_counter()
         ids = [submit(text, seed=i)[0] for i, text in enumerate(texts)]
+        diagnosis = pause_decoders(args, sup, watcher, resources, t0) if args.pause_decoders_s else None
         profilers = start_profilers(args, sup, Path(args.out))
         jobs = wait(ids, args.timeout, partial=True)
         for proc in profilers:
@@ -356,6 +434,12 @@ def run_fleet(args, env: dict, settings, log_dir: Path) -> dict:
         complete = all(j["status"] == "done" for j in jobs)
         sampler.stop()
         watcher.stop()
+        resources.stop()
+        steady = resources.mean(t0 + 10, t0 + wall - 10)
+        if steady:
+            print(
+                f"RESULT fleet steady state (10 s after the start to 10 s before the end): {json.dumps(steady)}"
+            )
         first_audio_under_load = min(watcher.first.get(i, float("inf")) for i in ids) - t0
         manifests = (
             [json.loads((settings.storage_dir / "audio" / f"{i}.json").read_text()) for i in ids]
@@ -373,12 +457,41 @@ def run_fleet(args, env: dict, settings, log_dir: Path) -> dict:
             "first_audio_under_load_s": first_audio_under_load,
             "queue_peaks": sampler.peak,
             "redis_memory_peak_mb": sampler.memory_peak / 2**20,
+            "resources_steady": steady,
+            "decoder_pause": diagnosis,
             "texts": texts,
             "manifests": manifests,
         }
     finally:
         client.close()
         sup.stop(timeout=30)
+
+
+def pause_decoders(args, sup, watcher: StreamWatcher, resources: ResourceSampler, t0: float) -> dict:
+    """Diagnosis: the AR engine alone (decoders stopped with SIGSTOP, code chunks pile up in Redis)
+    for --pause-decoders-s, then beside the decoders for as long again. Compares the AR stage's
+    frames/s (from the code stream) and CPU/GPU use in the two windows, 5 s after each change."""
+    import signal
+
+    span = args.pause_decoders_s
+    decoders = [c.process for c in sup.children if c.name.startswith("decoder") and c.process is not None]
+    for proc in decoders:
+        proc.send_signal(signal.SIGSTOP)
+    time.sleep(max(0.0, t0 + span - time.perf_counter()))
+    for proc in decoders:
+        proc.send_signal(signal.SIGCONT)
+    resumed = time.perf_counter()
+    time.sleep(span)
+    alone = (t0 + 5, resumed)
+    beside = (resumed + 5, resumed + span)
+    result = {
+        "ar_alone_frames_per_s": watcher.frames_per_s(*alone),
+        "ar_beside_decoders_frames_per_s": watcher.frames_per_s(*beside),
+        "alone": resources.mean(*alone),
+        "beside_decoders": resources.mean(*beside),
+    }
+    print(f"RESULT decoder pause: {json.dumps(result)}", flush=True)
+    return result
 
 
 def run_offline(args, settings, fleet: dict) -> dict:
@@ -417,14 +530,20 @@ def run_offline(args, settings, fleet: dict) -> dict:
     llm = LLM(**load_engine(spec, settings).engine_args())  # exactly the fleet's engine arguments
     llm.generate(prompts[: min(64, len(prompts))], params[: min(64, len(prompts))], use_tqdm=False)  # warm-up
     profiler = py_spy(os.getpid(), Path(args.out) / "profile-offline.txt", args.profile_s, True)
+    resources = ResourceSampler({"offline": os.getpid()}, gpu=args.device == "cuda")
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     wall = time.perf_counter() - t0
+    resources.stop()
+    steady = resources.mean(t0 + 10, t0 + wall - 10)
+    if steady:
+        print(f"RESULT offline steady state: {json.dumps(steady)}", flush=True)
     if profiler is not None:
         profiler.wait(timeout=60)
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     result = {
         "wall_s": wall,
+        "resources_steady": steady,
         "tokens": tokens,
         "requests": len(prompts),
         "expected_tokens": sum(p.max_tokens for p in params),
@@ -567,6 +686,13 @@ def main() -> int:
     parser.add_argument("--skip-offline", action="store_true")
     parser.add_argument("--profile-s", type=int, default=0, help="py-spy the AR worker/decoder this long")
     parser.add_argument("--raw-variants", type=int, default=0, help="requests in the sampling-variant runs")
+    parser.add_argument(
+        "--pause-decoders-s",
+        type=float,
+        default=0,
+        help="diagnosis: stop the decoders this long after the submission, then compare the AR stage alone "
+        "and beside them (the fleet's wall time then includes the pause: not a throughput figure)",
+    )
     parser.add_argument("--offline-from", help=argparse.SUPPRESS)  # internal: the offline phase's own process
     args = parser.parse_args()
 
@@ -583,6 +709,8 @@ def main() -> int:
         vllm_gpu_memory_utilization=args.gpu_memory_utilization,
         max_model_len=2048,
         decode_batch=64,
+        # decoders stopped for a diagnosis: the AR worker's back-pressure must not stop it meanwhile
+        max_stream_backlog=100_000 if args.pause_decoders_s else 2000,
         torch_threads=0 if args.device == "cuda" else 1,
         block_ms=100,
         reclaim_idle_ms=600_000,
@@ -655,6 +783,7 @@ def main() -> int:
             offline_tokens_per_s=offline["tokens"] / offline["wall_s"],
             fleet_tokens_per_s=fleet_tokens / result["fleet_wall_s"],
             raw_variants=offline.get("variants"),
+            offline_resources_steady=offline.get("resources_steady"),
         )
         result["ratio_fleet_over_offline"] = result["fleet_audio_s_per_s"] / result["offline_audio_s_per_s"]
         print(
