@@ -36,6 +36,11 @@ from models.sampling import SamplingRows, sample_candidates
 
 log = logging.getLogger(__name__)
 
+# vLLM >= 0.32 on CUDA defaults to its model runner V2, which loads only V2-style logits processors;
+# FrameConstraintLogitsProcessor is V1-style (vLLM 0.26's only kind). Set on import, so that every
+# engine built with this module's arguments (the AR worker's, the benchmark's offline one) gets it.
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+
 #: SamplingParams.extra_args key that switches the frame constraint on for a request.
 CONSTRAINT_KEY = "narrate_frame_constraint"
 
@@ -60,6 +65,7 @@ class _Row:
     output_ids: list[int]  # vLLM's live list of the request's generated tokens
     sampling: tuple[float, float, float, int, int]  # temperature, top_p, penalty, top_k, seed
     generated: int = -1  # len(output_ids) at the last step; -1: the row's device state is not written
+    unresolved: list[int] | None = None  # output positions that were placeholders (-1) when written
 
 
 class FrameConstraintLogitsProcessor(LogitsProcessor):
@@ -101,9 +107,26 @@ class FrameConstraintLogitsProcessor(LogitsProcessor):
 
     @classmethod
     def validate_params(cls, params: VllmSamplingParams) -> None:
+        """Refuse a request whose constraint the processor could not use (here, not inside the
+        engine core's step, where an exception would stop every request)."""
         spec = (params.extra_args or {}).get(CONSTRAINT_KEY)
-        if spec is not None and not set(spec) >= _SPEC_KEYS:
+        if spec is None:
+            return
+        if not isinstance(spec, dict) or not set(spec) >= _SPEC_KEYS:
             raise ValueError(f"{CONSTRAINT_KEY} needs {', '.join(sorted(_SPEC_KEYS))}")
+        ints = ("base", "stride", "size", "period", "top_k", "seed")
+        if (
+            not all(isinstance(spec[k], int) and spec[k] >= 0 for k in ints)
+            or spec["size"] < 1
+            or spec["period"] < 1
+        ):
+            raise ValueError(f"{CONSTRAINT_KEY}: {', '.join(ints)} must be integers >= 0 (size, period >= 1)")
+        if spec["seed"] >= 1 << 63:
+            raise ValueError(f"{CONSTRAINT_KEY}: the seed must fit in 63 bits")
+        if not all(isinstance(t, int) and t >= 0 for t in spec["stop"]):
+            raise ValueError(f"{CONSTRAINT_KEY}: stop must be a list of token ids")
+        if not all(isinstance(spec[k], int | float) for k in ("temperature", "top_p", "penalty")):
+            raise ValueError(f"{CONSTRAINT_KEY}: temperature, top_p and penalty must be numbers")
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         if batch_update is None:
@@ -168,20 +191,24 @@ class FrameConstraintLogitsProcessor(LogitsProcessor):
         seen = self._seen_table(vocab)
         layout = self.layout
         # the one per-step host->device copy: batch index, tokens generated, kept-last-token flag
-        step_info, fresh = [], []
+        step_info, fresh, late = [], [], []
         for i, row in live:
             generated = len(row.output_ids)
-            if row.generated < 0:
+            if row.generated < 0 or generated < row.generated:  # new, or its output was cut back
                 fresh.append((i, row))
                 kept = 0
             else:
                 kept = int(generated == row.generated + 1)  # vLLM appended last step's choice
+                if row.unresolved:
+                    late.extend(self._resolved(i, row, vocab))
             row.generated = generated
             step_info.append((i, generated, kept))
         info = self._to_device(step_info, torch.int64)
         index, generated, kept = info[:, 0], info[:, 1], info[:, 2].bool()
         if fresh:
             self._write_fresh_rows(fresh, seen, vocab)
+        if late:
+            seen.view(-1).index_fill_(0, self._to_device(late, torch.int64), True)
         flat_seen = seen.view(-1)
         last = index * vocab + self._last.index_select(0, index)
         flat_seen.index_put_((last,), flat_seen.index_select(0, last) | kept)
@@ -217,14 +244,25 @@ class FrameConstraintLogitsProcessor(LogitsProcessor):
         logits.index_put_((index, tokens), self._zero.to(logits.dtype))
         return logits
 
+    @staticmethod
+    def _resolved(index: int, row: _Row, vocab: int) -> list[int]:
+        """Seen-table positions of tokens that were placeholders when the row was written and that
+        the host knows by now (rare: a request re-added while a token of it was in flight)."""
+        known = [k for k in row.unresolved if k < len(row.output_ids) and row.output_ids[k] >= 0]
+        row.unresolved = [k for k in row.unresolved if k not in known] or None
+        return [index * vocab + min(row.output_ids[k], vocab - 1) for k in known]
+
     def _write_fresh_rows(self, fresh: list[tuple[int, _Row]], seen: torch.Tensor, vocab: int) -> None:
         """Settings, a cleared seen-table row, and the prompt and any output so far (a resumed
-        request) marked; the output's unknown last token (async scheduling) is skipped."""
+        request) marked; output tokens the host does not know yet (async scheduling's -1) are
+        marked once it does (``_resolved``)."""
         index = self._to_device([i for i, _ in fresh], torch.int64)
         settings = [row.sampling for _, row in fresh]
         self._floats.index_copy_(0, index, self._to_device([s[:3] for s in settings], torch.float64))
         self._ints.index_copy_(0, index, self._to_device([s[3:] for s in settings], torch.int64))
         seen.index_fill_(0, index, False)
+        for _, row in fresh:
+            row.unresolved = [k for k, t in enumerate(row.output_ids) if t < 0] or None
         flat = [
             i * vocab + min(max(t, 0), vocab - 1)
             for i, row in fresh

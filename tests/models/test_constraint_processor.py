@@ -160,3 +160,52 @@ def test_one_engine_one_layout():
     proc.update_state(BatchUpdate(1, [], [(0, a.params, a.prompt, a.output)], []))
     with pytest.raises(ValueError, match="one code layout"):
         proc.update_state(BatchUpdate(2, [], [(1, b.params, b.prompt, b.output)], []))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS.values(), ids=LAYOUTS.keys())
+def test_an_output_cut_back_or_a_token_still_in_flight_when_added_count_exactly_once_known(layout):
+    """vLLM may cut a request's output back (a failed KV load), and a re-added request may carry a
+    token still in flight (-1): the penalty must follow what the output really holds. Greedy, with
+    logits that fall with the code, so each pick is the lowest code not yet seen: a token wrongly
+    kept in (or left out of) the seen set changes the next pick at its frame position."""
+    proc = processor()
+    req = Request(3, constrained=True, layout=layout)  # rid 3: temperature 0
+    req.prompt = [0]
+    stride, period = layout
+    codes = torch.arange(SIZE, dtype=torch.float32)
+    fixed = torch.full((VOCAB,), -5.0)
+    for position in range(period):
+        fixed[BASE + position * stride : BASE + position * stride + SIZE] = 3.0 - 0.05 * codes
+    req.real = [BASE + (k % period) * stride + k // period for k in range(3)]
+    req.output.extend([*req.real[:-1], -1])  # the last token is in flight when the request is added
+    proc.update_state(BatchUpdate(1, [], [(0, req.params, req.prompt, req.output)], []))
+    for step in range(14):
+        step_logits = fixed.clone()
+        if step == 0:  # the in-flight token is unknowable now: make this pick not depend on it
+            step_logits[BASE + SIZE - 1] = 10.0
+        token = int(proc.apply(step_logits[None, :].clone()).argmax())
+        assert token == req.expected(step_logits), f"step {step}"
+        req.real.append(token)
+        req.output[:] = [*req.real[:-1], -1]  # async: the previous token is known now, this one not
+        if step == 7:  # cut back by three tokens (the step in flight is dropped with them)
+            del req.real[-3:]
+            req.output[:] = req.real
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"seed": 1 << 63},
+        {"seed": -1},
+        {"size": 0},
+        {"stop": ["x"]},
+        {"temperature": "hot"},
+    ],
+    ids=["seed-too-big", "negative-seed", "no-codes", "bad-stop", "bad-temperature"],
+)
+def test_a_constraint_the_processor_cannot_use_is_refused_with_the_request(change):
+    req = Request(1, constrained=True)
+    req.params.extra_args[CONSTRAINT_KEY].update(change)
+    with pytest.raises(ValueError, match=CONSTRAINT_KEY):
+        FrameConstraintLogitsProcessor.validate_params(req.params)
+    FrameConstraintLogitsProcessor.validate_params(Request(2, constrained=True).params)  # a good one passes
