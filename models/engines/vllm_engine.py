@@ -83,8 +83,10 @@ class FrameConstraintLogitsProcessor(LogitsProcessor):
     rows' lengths and one small host->device copy; everything else lives on the device by batch
     index and moves with the requests: the sampling settings (written once per request), the
     seen-token table and the token chosen at the last step (folded into the table on the device
-    when the request's length shows that vLLM kept it; with async scheduling the host does not know
-    it yet). Never a device->host read (I3).
+    when the request's length shows that vLLM kept it, so nothing depends on when the host learns
+    the token: vLLM's V1 runner fills async scheduling's placeholders before the logits processors
+    run, at the price of one wait per step that any custom processor brings). Never a device->host
+    read of its own (I3).
     """
 
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:
