@@ -188,3 +188,16 @@ def test_runaway_is_retried_with_the_next_seed_then_kept_flagged(make_settings, 
     assert state == "stale"  # audio of the abandoned attempt is dropped on arrival
     assert retry_seed(job.seed, 1) != job.seed
     assert json.dumps(flags)  # plain JSON for the manifest
+
+
+def test_only_a_jobs_first_segment_starts_with_the_small_chunk_ramp(make_settings, tiny_dir):
+    """Segment 0 is what a listener waits for: 3 frames, then 6, 12, 24, 25. Later segments run
+    alongside it and start at the full chunk (fewer windows to decode)."""
+    settings = make_settings("unused", models="tiny,orpheus", orpheus_dir=tiny_dir)
+    sizes = {}
+    for segment in (0, 1):
+        task = SegmentTask("j", segment, TEXT, "orpheus", "tara", seed=5)
+        windows, exc = asyncio.run(run_segment(synthesizer(settings), task))
+        sizes[segment] = [w.new_frames for w in windows + exc.flush]  # the tiny model never stops: 53 frames
+    assert sizes[0] == [3, 6, 12, 24, 8]
+    assert sizes[1] == [25, 25, 3]
