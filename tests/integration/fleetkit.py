@@ -561,7 +561,9 @@ class MemoryBound:
     plan_bytes: int
     chunk_entries: int
     chunk_bytes: int  # the largest code-chunk entry, raw
-    chunk_entries_per_segment: int
+    most_chunks_per_segment: int  # windows of the segment the AR worker cuts into the most
+    fewest_chunks_per_segment: int  # and into the fewest
+    all_chunks: int  # windows of every segment together
     overhead: float = 1.5
     margin: int = 512 << 10
 
@@ -577,7 +579,7 @@ class MemoryBound:
     def unbounded_codes(self) -> int:
         """Raw bytes of the code chunks of every segment: what the stream would grow to without
         back-pressure (and 60x that in audio, were the assembler the one stopped)."""
-        return self.segments * self.chunk_entries_per_segment * self.chunk_bytes
+        return self.all_chunks * self.chunk_bytes
 
     @classmethod
     def derive(cls, settings: Settings, ar_workers: int, text: str, baseline: int) -> MemoryBound:
@@ -591,41 +593,41 @@ class MemoryBound:
         tasks = tasks_for(job, plan)
         entry = lambda fields: sum(len(k) + len(v) for k, v in fields.items())  # noqa: E731
         family = get_model(job.model, settings).family
-        longest = max(tasks, key=lambda t: family.max_tokens(t.text))
         streaming = StreamingConfig.from_settings(settings, family)  # as the AR worker chunks
-        chunker = FrameChunker(
-            family.layout,
-            chunk_frames=streaming.chunk_frames,
-            first_chunk_frames=streaming.first_chunk_frames,
-            left_context=streaming.left_context,
-            lookahead=streaming.lookahead,
-        )
-        codes = family.layout.frames_to_tokens(
-            np.zeros(
-                (
-                    family.max_tokens(longest.text) // family.layout.codes_per_frame,
-                    family.layout.codes_per_frame,
-                ),
-                np.int32,
+
+        def windows(task):  # a segment's windows at its whole token budget (the tiny model never stops)
+            chunker = FrameChunker(
+                family.layout,
+                chunk_frames=streaming.chunk_frames,
+                first_chunk_frames=streaming.first_chunk_for(task.segment),  # the ramp: segment 0 only
+                left_context=streaming.left_context,
+                lookahead=streaming.lookahead,
             )
-        )
-        windows = chunker.feed(codes) + chunker.finish()
+            frames = family.max_tokens(task.text) // family.layout.codes_per_frame
+            codes = family.layout.frames_to_tokens(
+                np.zeros((frames, family.layout.codes_per_frame), np.int32)
+            )
+            return chunker.feed(codes) + chunker.finish()
+
+        cut = {task.segment: windows(task) for task in tasks}
         chunk_bytes = max(
             entry(
-                CodeChunk(
-                    job.id, longest.segment, 99, w.seq, job.model, w.left, w.right, w.final, w.frames
-                ).encode()
+                CodeChunk(job.id, segment, 99, w.seq, job.model, w.left, w.right, w.final, w.frames).encode()
             )
-            for w in windows
+            for segment, cut_windows in cut.items()
+            for w in cut_windows
         )
+        most = max(len(w) for w in cut.values())
         return cls(
             baseline=baseline,
             segments=len(tasks),
             task_bytes=sum(entry(t.encode()) for t in tasks),
             plan_bytes=len(plan.to_json()),
-            chunk_entries=settings.max_stream_backlog + ar_workers * settings.max_num_seqs * len(windows),
+            chunk_entries=settings.max_stream_backlog + ar_workers * settings.max_num_seqs * most,
             chunk_bytes=chunk_bytes,
-            chunk_entries_per_segment=len(windows),
+            most_chunks_per_segment=most,
+            fewest_chunks_per_segment=min(len(w) for w in cut.values()),
+            all_chunks=sum(len(w) for w in cut.values()),
         )
 
 

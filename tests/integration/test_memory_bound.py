@@ -37,8 +37,9 @@ def test_paused_decoders_keep_redis_memory_bounded_and_the_job_completes(data_di
         print(f"\npaused decoders: {run.report()}")
         bound = run.bound
         # the AR stage stopped pulling: most tasks were never read, and nothing moved while watched
-        windows = bound.chunk_entries_per_segment
-        most_started = settings.max_stream_backlog // windows + 1 + AR_WORKERS * settings.max_num_seqs
+        # (a segment writes at least `fewest` chunks: once the backlog is passed no AR worker reads more)
+        fewest = bound.fewest_chunks_per_segment
+        most_started = settings.max_stream_backlog // fewest + 1 + AR_WORKERS * settings.max_num_seqs
         assert settings.max_stream_backlog < run.codes_paused <= bound.chunk_entries
         assert 0 < run.started_paused <= most_started
         assert run.tasks_left == SEGMENTS - run.started_paused
