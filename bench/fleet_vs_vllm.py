@@ -167,7 +167,7 @@ class StreamWatcher:
         self._thread.start()
 
     def _run(self) -> None:
-        from fleet.messages import job_id_of
+        from fleet.messages import header_of
 
         last = {name: "$" for name in self.labels}
         while not self._stop.is_set():
@@ -178,11 +178,11 @@ class StreamWatcher:
                 firsts = self.first_by[label]
                 for entry_id, fields in entries:
                     last[stream] = entry_id
-                    job = job_id_of(fields)
+                    header = header_of(fields) or {}
+                    job = header.get("job_id")
                     if job and job not in firsts:
                         firsts[job] = now
-                    if label == "code":
-                        header = json.loads(fields[b"h"])
+                    if label == "code" and "shape" in header:
                         self.code_frames.append((now, header["shape"][0] - header["left"] - header["right"]))
 
     def frames_per_s(self, start: float, end: float) -> float:

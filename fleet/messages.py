@@ -178,10 +178,16 @@ class DeadLetter:
         return _construct(cls, header, original=payload)
 
 
+def header_of(fields: Fields) -> dict | None:
+    """Best-effort header of any entry, without reading its payload (None if unreadable)."""
+    try:
+        header = json.loads(fields[b"h"])
+    except (KeyError, ValueError, TypeError):
+        return None
+    return header if isinstance(header, dict) else None
+
+
 def job_id_of(fields: Fields) -> str | None:
     """Best-effort job id of any entry, for failing the right job when the entry itself is broken."""
-    try:
-        job_id = json.loads(fields[b"h"]).get("job_id")
-    except (KeyError, ValueError, TypeError, AttributeError):
-        return None
+    job_id = (header_of(fields) or {}).get("job_id")
     return job_id if isinstance(job_id, str) else None

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
-from fleet.messages import AudioChunk, CodeChunk, MessageError
+from fleet.messages import AudioChunk, CodeChunk, MessageError, header_of
 from fleet.names import DECODER_GROUP
 from models.snac_codec import to_pcm16
 from workers.consumer import Delivery
@@ -51,13 +51,8 @@ def decode_chunks(codecs: dict[str, Codec], chunks: list[CodeChunk]) -> list[Aud
 def _holds_a_first_segment(deliveries: list[Delivery]) -> bool:
     """A job's first segment is what a listener waits for (time to first audio): never held back
     to fill a batch. Later segments are ready long before they are played."""
-    for d in deliveries:
-        try:
-            if CodeChunk.decode(d.fields).segment == 0:
-                return True
-        except MessageError:
-            return True  # dealt with (dead-lettered) at once
-    return False
+    # the header only (the batch is parsed in full once, in process()); unreadable: dealt with at once
+    return any((header_of(d.fields) or {}).get("segment", 0) == 0 for d in deliveries)
 
 
 @dataclass
