@@ -162,6 +162,7 @@ class StreamWatcher:
         self.first_by: dict[str, dict[str, float]] = {label: {} for label in streams}
         self.first = self.first_by["audio"]
         self.code_frames: list[tuple[float, int]] = []  # (seen at, new frames) of every code chunk
+        self.audio_s: list[tuple[float, float]] = []  # (seen at, seconds of new audio) of every audio chunk
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -184,10 +185,31 @@ class StreamWatcher:
                         firsts[job] = now
                     if label == "code" and "shape" in header:
                         self.code_frames.append((now, header["shape"][0] - header["left"] - header["right"]))
+                    elif label == "audio" and header.get("sample_rate"):
+                        self.audio_s.append((now, len(fields.get(b"p", b"")) / 2 / header["sample_rate"]))
 
     def frames_per_s(self, start: float, end: float) -> float:
         """The AR stage's output: new frames per second published in [start, end)."""
         return sum(n for t, n in self.code_frames if start <= t < end) / max(end - start, 1e-9)
+
+    def timeline(self, start: float, end: float, step: float = 5.0, codes_per_frame: int = 7) -> list[dict]:
+        """Per ``step`` seconds from ``start``: the AR stage's tokens/s (code frames published) and the
+        decoders' audio-s/s (audio chunks published): ramp-up, steady state and tail of a run."""
+        rows = []
+        t = start
+        while t < end:
+            u = min(t + step, end)
+            frames = sum(n for x, n in self.code_frames if t <= x < u)
+            audio = sum(a for x, a in self.audio_s if t <= x < u)
+            rows.append(
+                {
+                    "t": round(t - start, 1),
+                    "ar_tokens_per_s": round(frames * codes_per_frame / (u - t)),
+                    "decoded_audio_s_per_s": round(audio / (u - t), 1),
+                }
+            )
+            t = u
+        return rows
 
     def stages(self, job_id: str, t0: float) -> dict[str, float]:
         """Seconds from ``t0`` (the POST) to the job's first task, code chunk and audio chunk."""
@@ -440,6 +462,14 @@ def run_fleet(args, env: dict, settings, log_dir: Path) -> dict:
             print(
                 f"RESULT fleet steady state (10 s after the start to 10 s before the end): {json.dumps(steady)}"
             )
+        timeline = watcher.timeline(t0, t0 + wall)
+        print(
+            "RESULT fleet timeline (s from submission: AR tok/s, decoded audio-s/s): "
+            + ", ".join(
+                f"{r['t']:.0f}: {r['ar_tokens_per_s']} {r['decoded_audio_s_per_s']}" for r in timeline
+            ),
+            flush=True,
+        )
         first_audio_under_load = min(watcher.first.get(i, float("inf")) for i in ids) - t0
         manifests = (
             [json.loads((settings.storage_dir / "audio" / f"{i}.json").read_text()) for i in ids]
@@ -458,6 +488,7 @@ def run_fleet(args, env: dict, settings, log_dir: Path) -> dict:
             "queue_peaks": sampler.peak,
             "redis_memory_peak_mb": sampler.memory_peak / 2**20,
             "resources_steady": steady,
+            "timeline": timeline,
             "decoder_pause": diagnosis,
             "texts": texts,
             "manifests": manifests,
@@ -494,16 +525,15 @@ def pause_decoders(args, sup, watcher: StreamWatcher, resources: ResourceSampler
     return result
 
 
-def run_offline(args, settings, fleet: dict) -> dict:
-    """vLLM's offline generate of exactly the fleet's tokens (same prompts, counts, constraint)."""
-    from vllm import LLM
+def fleet_workload(settings, fleet: dict, output_kind) -> tuple:
+    """The fleet's segments as vLLM requests: (spec, prompts, vLLM params, the AR worker's params).
+    Each request makes exactly the fleet's count of tokens for it (min_tokens: no early stop)."""
     from vllm.inputs import TokensPrompt
-    from vllm.sampling_params import RequestOutputKind
 
     from fleet.messages import SegmentTask
     from jobs.segmentation import plan_text
     from models.engines.vllm_engine import VllmEngine
-    from models.registry import get_model, load_engine, load_tokenizer
+    from models.registry import get_model, load_tokenizer
     from workers.ar import SegmentSynthesizer, StreamingConfig
 
     spec = get_model(settings.default_model, settings)
@@ -523,10 +553,65 @@ def run_offline(args, settings, fleet: dict) -> dict:
             )
             ours = dataclasses.replace(synth.sampling_params(task), max_tokens=n)  # the AR worker's sampling
             ours_list.append(ours)
-            # exactly the fleet's count of tokens (min_tokens: no early stop), returned at the end
-            params.append(
-                VllmEngine.sampling_params(ours, min_tokens=n, output_kind=RequestOutputKind.FINAL_ONLY)
-            )
+            params.append(VllmEngine.sampling_params(ours, min_tokens=n, output_kind=output_kind))
+    return spec, prompts, params, ours_list
+
+
+async def run_async_direct(args, settings, fleet: dict) -> dict:
+    """Diagnosis: the fleet's tokens through the AR worker's own engine (vLLM's AsyncLLM, streamed
+    deltas) with every request submitted at once, no Redis, no decoders. Between the offline
+    ``LLM`` and the fleet: what the streaming front end costs, apart from the fleet around it."""
+    import asyncio
+
+    from vllm.sampling_params import RequestOutputKind
+
+    from models.registry import load_engine
+
+    spec, prompts, params, _ = fleet_workload(settings, fleet, RequestOutputKind.DELTA)
+    engine = load_engine(spec, settings)
+    await engine.start()
+    llm = engine._engine  # vLLM's AsyncLLM itself: the workload needs min_tokens, which generate() hides
+    arrivals: list[tuple[float, int]] = []
+
+    async def one(tag: str, i: int) -> int:
+        count = 0
+        async for out in llm.generate(prompts[i], params[i], f"{tag}-{i}"):
+            k = len(out.outputs[0].token_ids)
+            count += k
+            arrivals.append((time.perf_counter(), k))
+        return count
+
+    try:
+        await asyncio.gather(*(one("warm", i) for i in range(min(64, len(prompts)))))
+        arrivals.clear()
+        resources = ResourceSampler({"async": os.getpid()}, gpu=args.device == "cuda")
+        t0 = time.perf_counter()
+        tokens = sum(await asyncio.gather(*(one("run", i) for i in range(len(prompts)))))
+        wall = time.perf_counter() - t0
+        resources.stop()
+    finally:
+        await engine.shutdown()
+    timeline, t = [], t0
+    while t < t0 + wall:
+        u = min(t + 5.0, t0 + wall)
+        timeline.append(round(sum(k for x, k in arrivals if t <= x < u) / (u - t)))
+        t = u
+    steady = resources.mean(t0 + 10, t0 + wall - 10)
+    print(f"RESULT async direct: {tokens} tokens in {wall:.1f} s = {tokens / wall:.0f} tok/s", flush=True)
+    print(f"RESULT async direct timeline (tok/s per 5 s): {timeline}", flush=True)
+    if steady:
+        print(f"RESULT async direct steady state: {json.dumps(steady)}", flush=True)
+    return {"wall_s": wall, "tokens": tokens, "timeline_tokens_per_s": timeline, "resources_steady": steady}
+
+
+def run_offline(args, settings, fleet: dict) -> dict:
+    """vLLM's offline generate of exactly the fleet's tokens (same prompts, counts, constraint)."""
+    from vllm import LLM
+    from vllm.sampling_params import RequestOutputKind
+
+    from models.registry import load_engine
+
+    spec, prompts, params, ours_list = fleet_workload(settings, fleet, RequestOutputKind.FINAL_ONLY)
     llm = LLM(**load_engine(spec, settings).engine_args())  # exactly the fleet's engine arguments
     llm.generate(prompts[: min(64, len(prompts))], params[: min(64, len(prompts))], use_tqdm=False)  # warm-up
     profiler = py_spy(os.getpid(), Path(args.out) / "profile-offline.txt", args.profile_s, True)
@@ -641,8 +726,8 @@ def decoder_load(settings, rate: float, ready, stop, decoded) -> None:
         time.sleep(max(0.0, next_call - time.perf_counter()))
 
 
-def offline_in_subprocess(args, fleet: dict, out: Path) -> dict:
-    """Run the offline phase in a new process, once the fleet's processes have let go of the GPU."""
+def phase_in_subprocess(args, fleet: dict, phase: str) -> dict:
+    """Run a phase (offline, async) in a new process, once earlier processes have let go of the GPU."""
     import subprocess
 
     if args.device == "cuda":
@@ -655,14 +740,15 @@ def offline_in_subprocess(args, fleet: dict, out: Path) -> dict:
             if used and int(used[0]) < 2048:
                 break
             time.sleep(0.5)
-        print(f"GPU memory in use before the offline phase: {used} MiB", flush=True)
+        print(f"GPU memory in use before the {phase} phase: {used} MiB", flush=True)
     state = Path(args.data_dir) / "fleet-state.json"  # not in --out: only results and logs travel back
     audio_rate = fleet["audio_s"] / fleet["wall_s"]
     state.write_text(
         json.dumps({"texts": fleet["texts"], "manifests": fleet["manifests"], "audio_s_per_s": audio_rate})
     )
-    subprocess.run([sys.executable, __file__, *sys.argv[1:], "--offline-from", str(state)], check=True)
-    return json.loads(state.with_name("offline.json").read_text())
+    argv = [sys.executable, __file__, *sys.argv[1:], "--offline-from", str(state), "--phase", phase]
+    subprocess.run(argv, check=True)
+    return json.loads(state.with_name(f"{phase}.json").read_text())
 
 
 def main() -> int:
@@ -693,7 +779,13 @@ def main() -> int:
         help="diagnosis: stop the decoders this long after the submission, then compare the AR stage alone "
         "and beside them (the fleet's wall time then includes the pause: not a throughput figure)",
     )
-    parser.add_argument("--offline-from", help=argparse.SUPPRESS)  # internal: the offline phase's own process
+    parser.add_argument(
+        "--async-direct",
+        action="store_true",
+        help="diagnosis: also run the fleet's tokens through AsyncLLM directly (all at once, no Redis)",
+    )
+    parser.add_argument("--offline-from", help=argparse.SUPPRESS)  # internal: a phase's own process
+    parser.add_argument("--phase", default="offline", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     from fleet.embedded import EmbeddedValkey
@@ -731,8 +823,14 @@ def main() -> int:
         overrides.update(models="tiny", default_model="tiny", vllm_dtype="float32")
     if args.offline_from:  # a fresh process: nothing of the fleet's CUDA or vLLM state is around
         fleet = json.loads(Path(args.offline_from).read_text())
-        offline = run_offline(args, Settings(redis_url="redis://unused", **overrides), fleet)
-        Path(args.offline_from).with_name("offline.json").write_text(json.dumps(offline))
+        settings = Settings(redis_url="redis://unused", **overrides)
+        if args.phase == "async":
+            import asyncio
+
+            result = asyncio.run(run_async_direct(args, settings, fleet))
+        else:
+            result = run_offline(args, settings, fleet)
+        Path(args.offline_from).with_name(f"{args.phase}.json").write_text(json.dumps(result))
         return 0
     valkey = EmbeddedValkey(data)
     url = valkey.start()
@@ -764,6 +862,9 @@ def main() -> int:
         "first_audio_under_load_s": fleet["first_audio_under_load_s"],
         "queue_peaks": fleet["queue_peaks"],
         "redis_memory_peak_mb": fleet["redis_memory_peak_mb"],
+        "fleet_timeline": fleet["timeline"],
+        "fleet_resources_steady": fleet["resources_steady"],
+        "decoder_pause": fleet["decoder_pause"],
     }
     print(
         f"RESULT fleet: {fleet['segments']} segments, {fleet['audio_s']:.0f} s of audio in {fleet['wall_s']:.1f} s "
@@ -773,8 +874,14 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(result, indent=2))  # kept even if the offline phase fails
+    if args.async_direct and fleet["complete"]:
+        direct = phase_in_subprocess(args, fleet, "async")
+        result.update(
+            async_direct_tokens_per_s=direct["tokens"] / direct["wall_s"],
+            async_direct=direct,
+        )
     if not args.skip_offline and fleet["complete"]:
-        offline = offline_in_subprocess(args, fleet, out)
+        offline = phase_in_subprocess(args, fleet, "offline")
         offline_audio = offline["tokens"] / 7 * 2048 / 24000
         result.update(
             offline_wall_s=offline["wall_s"],
