@@ -612,6 +612,8 @@ def run_offline(args, settings, fleet: dict) -> dict:
     from models.registry import load_engine
 
     spec, prompts, params, ours_list = fleet_workload(settings, fleet, RequestOutputKind.FINAL_ONLY)
+    # the sampling variants switch vLLM's output-id wait in its worker (a function sent over RPC)
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     llm = LLM(**load_engine(spec, settings).engine_args())  # exactly the fleet's engine arguments
     llm.generate(prompts[: min(64, len(prompts))], params[: min(64, len(prompts))], use_tqdm=False)  # warm-up
     profiler = py_spy(os.getpid(), Path(args.out) / "profile-offline.txt", args.profile_s, True)
@@ -635,11 +637,21 @@ def run_offline(args, settings, fleet: dict) -> dict:
     }
     if args.raw_variants:
         beside = (settings, fleet["audio_s_per_s"]) if args.device == "cuda" else None
-        result["variants"] = sampling_variants(llm, prompts, ours_list, args.raw_variants, beside)
+        names = args.variants.split(",") if args.variants else None
+        result["variants"] = sampling_variants(llm, prompts, ours_list, args.raw_variants, beside, names)
     return result
 
 
-def sampling_variants(llm, prompts, ours: list, count: int, beside_decoder=None) -> dict:
+def _sync_output_ids(worker, on: bool) -> bool:
+    """In vLLM's worker (collective_rpc): whether each step waits for the previous step's tokens
+    to fill in output ids (vLLM's default with a custom logits processor; ours switches it off)."""
+    batch = worker.model_runner.input_batch
+    before = batch.logitsprocs_need_output_token_ids
+    batch.logitsprocs_need_output_token_ids = on
+    return before
+
+
+def sampling_variants(llm, prompts, ours: list, count: int, beside_decoder=None, names=None) -> dict:
     """Raw vLLM tokens/s on the first ``count`` requests (at most 40 frames each) with the fleet's
     sampling and with one setting changed at a time: which part of the sampling costs what.
 
@@ -660,7 +672,9 @@ def sampling_variants(llm, prompts, ours: list, count: int, beside_decoder=None)
         "no_constraint": {"constraint": None},
         "plain_top_k50": plain,
     }
-    out = {}
+    if names:
+        variants = {k: v for k, v in variants.items() if k in names}
+    out, tokens_of = {}, {}
 
     def measure(name: str, change: dict) -> None:
         params = []
@@ -675,6 +689,7 @@ def sampling_variants(llm, prompts, ours: list, count: int, beside_decoder=None)
         outs = llm.generate(prompts[:count], params, use_tqdm=False)
         wall = time.perf_counter() - t0
         tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+        tokens_of[name] = [list(o.outputs[0].token_ids) for o in outs]
         out[name] = {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall}
         print(
             f"RESULT raw variant {name}: {tokens} tokens in {wall:.2f} s = {tokens / wall:.0f} tok/s",
@@ -683,6 +698,24 @@ def sampling_variants(llm, prompts, ours: list, count: int, beside_decoder=None)
 
     for name, change in variants.items():
         measure(name, change)
+    if not names or "fleet_output_ids_synced" in names:
+        # vLLM's own caution with a custom processor: every step waits for the last step's tokens
+        try:
+            before = llm.collective_rpc(_sync_output_ids, args=(True,))
+            measure("fleet_output_ids_synced", {})
+            llm.collective_rpc(_sync_output_ids, args=(before[0],))
+            if "fleet" in tokens_of:
+                same = sum(
+                    a == b
+                    for a, b in zip(tokens_of["fleet"], tokens_of["fleet_output_ids_synced"], strict=True)
+                )
+                out["fleet_output_ids_synced"]["same_tokens_as_fleet"] = f"{same}/{len(tokens_of['fleet'])}"
+                print(
+                    f"RESULT output ids synced vs not: {same}/{len(tokens_of['fleet'])} requests with the same tokens",
+                    flush=True,
+                )
+        except Exception as exc:  # noqa: BLE001 - a diagnosis: report and go on
+            print(f"RESULT variant fleet_output_ids_synced failed: {exc!r}", flush=True)
     if beside_decoder is not None:
         import multiprocessing
 
@@ -772,6 +805,7 @@ def main() -> int:
     parser.add_argument("--skip-offline", action="store_true")
     parser.add_argument("--profile-s", type=int, default=0, help="py-spy the AR worker/decoder this long")
     parser.add_argument("--raw-variants", type=int, default=0, help="requests in the sampling-variant runs")
+    parser.add_argument("--variants", default="", help="which variants (comma-separated names; default all)")
     parser.add_argument(
         "--pause-decoders-s",
         type=float,

