@@ -344,6 +344,39 @@ def py_spy(pid: int, output: Path, seconds: int, subprocesses: bool = False, del
     )
 
 
+def pin_engine_core(sup, cores: int) -> str:
+    """Diagnosis: vLLM's engine core (one Python thread driving the GPU; CPU-bound at 512
+    sequences) alone on the last ``cores`` CPUs, every other thread of the machine on the rest:
+    does the fleet's CPU load beside it slow it down?"""
+    import psutil
+
+    n = os.cpu_count() or 1
+    mine, rest = set(range(n - cores, n)), set(range(n - cores))
+
+    def pin(proc, cpus) -> int:
+        pinned = 0
+        with contextlib.suppress(psutil.Error):
+            for thread in proc.threads():
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(thread.id, cpus)
+                    pinned += 1
+        return pinned
+
+    engines = []
+    for child in sup.children:
+        if child.name.startswith("ar-") and child.process is not None:
+            for proc in psutil.Process(child.process.pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    if "EngineCore" in proc.name() or "EngineCore" in " ".join(proc.cmdline()):
+                        engines.append(proc)
+    engine_pids = {p.pid for p in engines}
+    threads = sum(pin(p, mine) for p in engines)
+    others = sum(pin(p, rest) for p in psutil.process_iter() if p.pid not in engine_pids)
+    line = f"engine core(s) {sorted(engine_pids)}: {threads} threads on CPUs {sorted(mine)}; {others} other threads on the rest"
+    print(f"RESULT pinning: {line}", flush=True)
+    return line
+
+
 def start_profilers(args, sup, out: Path) -> list:
     """The AR worker with its engine core, and a decoder, in steady state."""
     procs = []
@@ -417,6 +450,7 @@ def run_fleet(args, env: dict, settings, log_dir: Path) -> dict:
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
+        pinning = pin_engine_core(sup, args.pin_engine_core) if args.pin_engine_core else None
         t = time.perf_counter()
         warm = [submit(book(1000 + i, args.warmup_sentences), seed=i)[0] for i in range(2)]
         wait(warm, args.timeout)
@@ -490,6 +524,7 @@ def run_fleet(args, env: dict, settings, log_dir: Path) -> dict:
             "resources_steady": steady,
             "timeline": timeline,
             "decoder_pause": diagnosis,
+            "pinning": pinning,
             "texts": texts,
             "manifests": manifests,
         }
@@ -818,6 +853,13 @@ def main() -> int:
         action="store_true",
         help="diagnosis: also run the fleet's tokens through AsyncLLM directly (all at once, no Redis)",
     )
+    parser.add_argument(
+        "--pin-engine-core",
+        type=int,
+        default=0,
+        metavar="CPUS",
+        help="diagnosis: vLLM's engine core alone on the last CPUS CPUs, everything else on the rest",
+    )
     parser.add_argument("--offline-from", help=argparse.SUPPRESS)  # internal: a phase's own process
     parser.add_argument("--phase", default="offline", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -899,6 +941,7 @@ def main() -> int:
         "fleet_timeline": fleet["timeline"],
         "fleet_resources_steady": fleet["resources_steady"],
         "decoder_pause": fleet["decoder_pause"],
+        "pinning": fleet["pinning"],
     }
     print(
         f"RESULT fleet: {fleet['segments']} segments, {fleet['audio_s']:.0f} s of audio in {fleet['wall_s']:.1f} s "
