@@ -450,11 +450,12 @@ def run_fleet(args, env: dict, settings, log_dir: Path) -> dict:
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
-        pinning = pin_engine_core(sup, args.pin_engine_core) if args.pin_engine_core else None
         t = time.perf_counter()
         warm = [submit(book(1000 + i, args.warmup_sentences), seed=i)[0] for i in range(2)]
         wait(warm, args.timeout)
         print(f"fleet warm after {time.perf_counter() - t:.1f} s", flush=True)
+        # once the engine core is up (it starts with the AR worker's first minute, after /health)
+        pinning = pin_engine_core(sup, args.pin_engine_core) if args.pin_engine_core else None
 
         model = settings.default_model
         watcher = StreamWatcher(
