@@ -396,7 +396,7 @@ def run_fleet(args, env: dict, settings, log_dir: Path) -> dict:
     port = free_port()
     children = fleet_children(
         api=True,
-        ar_workers=1,
+        ar_workers=args.ar_workers,
         decoders=args.decoders,
         assemblers=args.assemblers,
         finalizers=1,
@@ -650,7 +650,10 @@ def run_offline(args, settings, fleet: dict) -> dict:
     spec, prompts, params, ours_list = fleet_workload(settings, fleet, RequestOutputKind.FINAL_ONLY)
     # the sampling variants switch vLLM's output-id wait in its worker (a function sent over RPC)
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-    llm = LLM(**load_engine(spec, settings).engine_args())  # exactly the fleet's engine arguments
+    engine_args = load_engine(spec, settings).engine_args()  # exactly the fleet's engine arguments,
+    if args.raw_gpu_memory_utilization:  # or, against several AR engines per GPU, one with more memory
+        engine_args["gpu_memory_utilization"] = args.raw_gpu_memory_utilization
+    llm = LLM(**engine_args)
     llm.generate(prompts[: min(64, len(prompts))], params[: min(64, len(prompts))], use_tqdm=False)  # warm-up
     profiler = py_spy(os.getpid(), Path(args.out) / "profile-offline.txt", args.profile_s, True)
     resources = ResourceSampler({"offline": os.getpid()}, gpu=args.device == "cuda")
@@ -833,6 +836,18 @@ def main() -> int:
     parser.add_argument("--max-num-seqs", type=int, default=16)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.6)
     parser.add_argument("--decoders", type=int, default=1)
+    parser.add_argument(
+        "--ar-workers",
+        type=int,
+        default=1,
+        help="AR workers (one vLLM engine each) on the device; give each its share with --gpu-memory-utilization",
+    )
+    parser.add_argument(
+        "--raw-gpu-memory-utilization",
+        type=float,
+        default=0,
+        help="raw vLLM's gpu_memory_utilization, where it differs from one AR engine's (default: the same)",
+    )
     parser.add_argument("--assemblers", type=int, default=1)
     parser.add_argument("--stream-interval", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=1200)
