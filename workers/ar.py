@@ -292,12 +292,13 @@ async def _first(*aws) -> None:
 
 async def run_ar_worker(ctx: WorkerContext, model: str) -> None:
     from models.registry import get_model, load_engine, load_tokenizer
-    from workers.runtime import configure_torch
+    from workers.runtime import configure_torch, engine_start_lock
 
     configure_torch(ctx.settings)
     spec = get_model(model, ctx.settings)
-    engine = await asyncio.to_thread(load_engine, spec, ctx.settings)
-    await engine.start()
+    async with engine_start_lock(ctx.settings):  # several AR workers may share this machine's GPU
+        engine = await asyncio.to_thread(load_engine, spec, ctx.settings)
+        await engine.start()
     tokenizer = await asyncio.to_thread(load_tokenizer, spec, ctx.settings)
     streaming = StreamingConfig.from_settings(ctx.settings, spec.family)
     synth = SegmentSynthesizer(spec.family, tokenizer, engine, streaming)

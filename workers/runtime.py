@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
+import os
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import redis.asyncio as aioredis
 
@@ -51,6 +54,36 @@ class WorkerContext:
 
     async def close(self) -> None:
         await self.redis.aclose()
+
+
+@contextlib.asynccontextmanager
+async def machine_lock(path: Path, poll_s: float = 0.2) -> AsyncIterator[None]:
+    """Held by one process of this machine at a time (an flock on ``path``): the kernel releases it
+    when the holder exits, killed or not. Polls, so a worker told to stop while waiting stops."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        waiting = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not waiting:
+                    log.info("waiting for %s (held by another process of this machine)", path.name)
+                    waiting = True
+                await asyncio.sleep(poll_s)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def engine_start_lock(settings: Settings):
+    """One AR engine of a machine starts at a time per device: vLLM sizes its KV cache by measuring
+    the device's free memory while it profiles, which another engine starting beside it (allocating
+    and freeing its own profiling memory) would falsify, or fail (free memory that grew)."""
+    device = settings.device.replace(":", "-")
+    return machine_lock(settings.data_dir / "locks" / f"engine-start-{device}.lock")
 
 
 def configure_torch(settings: Settings) -> None:
