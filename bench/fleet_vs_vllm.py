@@ -741,8 +741,10 @@ def sampling_variants(llm, prompts, ours: list, count: int, beside_decoder=None,
         # vLLM's own caution with a custom processor: every step waits for the last step's tokens
         try:
             before = llm.collective_rpc(_sync_output_ids, args=(True,))
-            measure("fleet_output_ids_synced", {})
-            llm.collective_rpc(_sync_output_ids, args=(before[0],))
+            try:
+                measure("fleet_output_ids_synced", {})
+            finally:
+                llm.collective_rpc(_sync_output_ids, args=(before[0],))
             if "fleet" in tokens_of:
                 same = sum(
                     a == b
@@ -914,6 +916,7 @@ def main() -> int:
     else:
         overrides.update(models="tiny", default_model="tiny", vllm_dtype="float32")
     if args.offline_from:  # a fresh process: nothing of the fleet's CUDA or vLLM state is around
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))  # undo --pin-engine-core's pinning of us
         fleet = json.loads(Path(args.offline_from).read_text())
         settings = Settings(redis_url="redis://unused", **overrides)
         if args.phase == "async":

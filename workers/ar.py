@@ -292,13 +292,17 @@ async def _first(*aws) -> None:
 
 async def run_ar_worker(ctx: WorkerContext, model: str) -> None:
     from models.registry import get_model, load_engine, load_tokenizer
-    from workers.runtime import configure_torch, engine_start_lock
+    from workers.runtime import StopRequested, configure_torch, engine_start_lock
 
     configure_torch(ctx.settings)
     spec = get_model(model, ctx.settings)
-    async with engine_start_lock(ctx.settings):  # several AR workers may share this machine's GPU
-        engine = await asyncio.to_thread(load_engine, spec, ctx.settings)
-        await engine.start()
+    try:
+        async with engine_start_lock(ctx.settings, ctx.stop):  # AR workers may share this machine's GPU
+            engine = await asyncio.to_thread(load_engine, spec, ctx.settings)
+            await engine.start()
+    except StopRequested:
+        log.info("AR worker for %s stopped before its engine started", model)
+        return
     tokenizer = await asyncio.to_thread(load_tokenizer, spec, ctx.settings)
     streaming = StreamingConfig.from_settings(ctx.settings, spec.family)
     synth = SegmentSynthesizer(spec.family, tokenizer, engine, streaming)

@@ -56,34 +56,58 @@ class WorkerContext:
         await self.redis.aclose()
 
 
+class StopRequested(Exception):
+    """The worker was told to stop while it waited for a machine lock."""
+
+
 @contextlib.asynccontextmanager
-async def machine_lock(path: Path, poll_s: float = 0.2) -> AsyncIterator[None]:
+async def machine_lock(
+    path: Path, poll_s: float = 0.2, stop: asyncio.Event | None = None
+) -> AsyncIterator[None]:
     """Held by one process of this machine at a time (an flock on ``path``): the kernel releases it
-    when the holder exits, killed or not. Polls, so a worker told to stop while waiting stops."""
+    when the holder exits, killed or not. Polls; raises ``StopRequested`` if ``stop`` is set meanwhile."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    locked = False
     try:
         waiting = False
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                locked = True
                 break
             except BlockingIOError:
+                if stop is not None and stop.is_set():
+                    raise StopRequested(f"stopped while waiting for {path.name}") from None
                 if not waiting:
                     log.info("waiting for %s (held by another process of this machine)", path.name)
                     waiting = True
                 await asyncio.sleep(poll_s)
         yield
     finally:
-        os.close(fd)  # releases the lock
+        if locked:
+            # explicitly: a child forked meanwhile (vLLM's engine core, on CUDA) shares this open
+            # file, and closing our descriptor alone would leave the lock held for the child's life
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
-def engine_start_lock(settings: Settings):
-    """One AR engine of a machine starts at a time per device: vLLM sizes its KV cache by measuring
-    the device's free memory while it profiles, which another engine starting beside it (allocating
-    and freeing its own profiling memory) would falsify, or fail (free memory that grew)."""
-    device = settings.device.replace(":", "-")
-    return machine_lock(settings.data_dir / "locks" / f"engine-start-{device}.lock")
+def engine_start_lock(settings: Settings, stop: asyncio.Event | None = None):
+    """One AR engine starts at a time per GPU of a machine: vLLM sizes its KV cache by measuring the
+    GPU's free memory while it profiles, which another engine starting beside it (allocating and
+    freeing its own profiling memory) would falsify, or fail (free memory that grew)."""
+    return machine_lock(engine_start_lock_path(settings), stop=stop)
+
+
+def engine_start_lock_path(settings: Settings) -> Path:
+    """Keyed by the GPU vLLM will take, the first of ``CUDA_VISIBLE_DEVICES`` (the settings' device
+    index does not reach vLLM); on the CPU, one per machine."""
+    if settings.device.startswith("cuda"):
+        first = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip() or "0"
+        key = "gpu-" + "".join(c if c.isalnum() or c == "-" else "_" for c in first)
+    else:
+        key = settings.device.split(":")[0]
+    return settings.data_dir / "locks" / f"engine-start-{key}.lock"
 
 
 def configure_torch(settings: Settings) -> None:

@@ -305,6 +305,10 @@ class FrameConstraintLogitsProcessor(LogitsProcessor):
         return torch.tensor(values, dtype=dtype, pin_memory=self.pin).to(self.device, non_blocking=True)
 
 
+#: vLLM's built-in logits processors (min-p, logit bias, min tokens): they read output lengths only.
+_VLLM_BUILTINS = "vllm.v1.sample.logits_processor.builtin"
+
+
 def _needs_no_output_ids() -> None:
     """Tell vLLM's V1 input batch that its logits processors need no output token values.
 
@@ -313,9 +317,13 @@ def _needs_no_output_ids() -> None:
     (``InputBatch.update_async_output_token_ids``): with async scheduling the CPU can no longer
     run ahead of the GPU. This processor reads only the lists' lengths (async scheduling's -1
     placeholders count) and keeps the token values on the device, so where it is the only custom
-    processor, the input batch is told that none needs them. vLLM's own users of output ids
-    (penalties, bad words) still ask for them themselves. Idempotent; skipped where vLLM's
-    internals differ (the wait then stays) or where ``NARRATE_VLLM_SYNC_OUTPUT_IDS=1``."""
+    processor besides vLLM's built-in ones, the input batch is told that none needs them. vLLM's own
+    users of output ids (penalties, bad words) still ask for them themselves. Idempotent; skipped
+    where vLLM's internals differ (the wait then stays) or where ``NARRATE_VLLM_SYNC_OUTPUT_IDS=1``.
+
+    One case loses a little: a row whose output vLLM cuts back (only after a failed KV load, i.e.
+    with a KV connector, which the fleet does not use) is rebuilt while its output tokens are still
+    -1 and never filled in, so its repetition penalty forgets them."""
     try:
         from vllm.v1.worker.gpu_input_batch import InputBatch
     except ImportError:
@@ -333,7 +341,7 @@ def _needs_no_output_ids() -> None:
             and getattr(self, "logitsprocs_need_output_token_ids", False)
             and processors is not None
             and all(
-                isinstance(p, FrameConstraintLogitsProcessor) or type(p).__module__.startswith("vllm.")
+                isinstance(p, FrameConstraintLogitsProcessor) or type(p).__module__ == _VLLM_BUILTINS
                 for p in processors.all
             )
         ):

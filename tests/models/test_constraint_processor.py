@@ -235,6 +235,21 @@ def test_vllm_is_told_the_processor_needs_no_output_ids(monkeypatch):
         def apply(self, logits):
             return logits
 
+    from vllm.v1.sample.logits_processor.builtin import (
+        LogitBiasLogitsProcessor,
+        MinPLogitsProcessor,
+        MinTokensLogitsProcessor,
+    )
+
+    class VllmModelsOwn(ReadsOutputIds):  # shipped with vLLM but not a built-in: it may read ids
+        pass
+
+    VllmModelsOwn.__module__ = "vllm.model_executor.models.some_model"
+    config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=MAX_ROWS))
+    builtins = [
+        cls(config, torch.device("cpu"), False)
+        for cls in (MinPLogitsProcessor, LogitBiasLogitsProcessor, MinTokensLogitsProcessor)
+    ]
     ours = processor()
 
     def needs_output_ids(*procs) -> bool:
@@ -252,6 +267,8 @@ def test_vllm_is_told_the_processor_needs_no_output_ids(monkeypatch):
         return batch.logitsprocs_need_output_token_ids
 
     assert needs_output_ids(ours) is False
-    assert needs_output_ids(ours, ReadsOutputIds()) is True
+    assert needs_output_ids(*builtins, ours) is False  # what vLLM really passes: its built-ins too
+    assert needs_output_ids(*builtins, ours, ReadsOutputIds()) is True
+    assert needs_output_ids(*builtins, ours, VllmModelsOwn()) is True
     monkeypatch.setenv(SYNC_OUTPUT_IDS_ENV, "1")
     assert needs_output_ids(ours) is True
