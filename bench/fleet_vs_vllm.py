@@ -387,7 +387,7 @@ def start_profilers(args, sup, out: Path) -> list:
     return [p for p in procs if p is not None]
 
 
-def run_fleet(args, env: dict, settings, log_dir: Path) -> dict:
+def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int) -> dict:
     import httpx
 
     from fleet.names import Names
@@ -396,7 +396,7 @@ def run_fleet(args, env: dict, settings, log_dir: Path) -> dict:
     port = free_port()
     children = fleet_children(
         api=True,
-        ar_workers=args.ar_workers,
+        ar_workers=ar_workers,
         decoders=args.decoders,
         assemblers=args.assemblers,
         finalizers=1,
@@ -800,21 +800,47 @@ def decoder_load(settings, rate: float, ready, stop, decoded) -> None:
         time.sleep(max(0.0, next_call - time.perf_counter()))
 
 
+def wait_for_free_gpu(args, what: str) -> None:
+    """Until the processes before have let go of the GPU (at most a minute)."""
+    import subprocess
+
+    if args.device != "cuda":
+        return
+    for _ in range(120):
+        used = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        if used and int(used[0]) < 2048:
+            break
+        time.sleep(0.5)
+    print(f"GPU memory in use before the {what}: {used} MiB", flush=True)
+
+
+def fleet_summary(run: dict, change: dict) -> dict:
+    """The figures of one more fleet run (``--fleet-variant``)."""
+    tokens = sum(s["samples"] // 2048 * 7 for m in run["manifests"] for s in m["segments"])
+    return {
+        "change": change,
+        "complete": run["complete"],
+        "wall_s": run["wall_s"],
+        "audio_s": run["audio_s"],
+        "audio_s_per_s": run["audio_s"] / run["wall_s"],
+        "tokens_per_s": tokens / run["wall_s"],
+        "ttfa_idle_s": run["ttfa_s"],
+        "ttfa_idle_median_s": statistics.median(run["ttfa_s"]),
+        "timeline": run["timeline"],
+        "resources_steady": run["resources_steady"],
+        "queue_peaks": run["queue_peaks"],
+    }
+
+
 def phase_in_subprocess(args, fleet: dict, phase: str) -> dict:
     """Run a phase (offline, async) in a new process, once earlier processes have let go of the GPU."""
     import subprocess
 
-    if args.device == "cuda":
-        for _ in range(120):
-            used = subprocess.run(
-                ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                capture_output=True,
-                text=True,
-            ).stdout.split()
-            if used and int(used[0]) < 2048:
-                break
-            time.sleep(0.5)
-        print(f"GPU memory in use before the {phase} phase: {used} MiB", flush=True)
+    wait_for_free_gpu(args, f"{phase} phase")
     state = Path(args.data_dir) / "fleet-state.json"  # not in --out: only results and logs travel back
     audio_rate = fleet["audio_s"] / fleet["wall_s"]
     state.write_text(
@@ -823,6 +849,15 @@ def phase_in_subprocess(args, fleet: dict, phase: str) -> dict:
     argv = [sys.executable, __file__, *sys.argv[1:], "--offline-from", str(state), "--phase", phase]
     subprocess.run(argv, check=True)
     return json.loads(state.with_name(f"{phase}.json").read_text())
+
+
+def fleet_variant(text: str) -> tuple[str, dict[str, str]]:
+    """NAME:KEY=VALUE,... -> (name, changes), e.g. two-engines:ar_workers=2,vllm_gpu_memory_utilization=0.35"""
+    name, _, changes = text.partition(":")
+    pairs = [c.split("=", 1) for c in changes.split(",") if c]
+    if not name or not all(len(p) == 2 and p[0] for p in pairs):
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME:KEY=VALUE,...")
+    return name, dict(pairs)
 
 
 def main() -> int:
@@ -877,6 +912,15 @@ def main() -> int:
         default=0,
         metavar="CPUS",
         help="diagnosis: vLLM's engine core alone on the last CPUS CPUs, everything else on the rest",
+    )
+    parser.add_argument(
+        "--fleet-variant",
+        type=fleet_variant,
+        action="append",
+        default=[],
+        metavar="NAME:KEY=VALUE,...",
+        help="after the first fleet, another on the same GPU with these changes (settings fields, ar_workers, "
+        "or UPPERCASE environment variables), compared with the same raw vLLM run; repeatable",
     )
     parser.add_argument("--offline-from", help=argparse.SUPPRESS)  # internal: a phase's own process
     parser.add_argument("--phase", default="offline", help=argparse.SUPPRESS)
@@ -933,8 +977,27 @@ def main() -> int:
     env = child_env(settings)
     env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     os.environ.update({k: v for k, v in env.items() if k.startswith("VLLM")})
+    variants = {}
     try:
-        fleet = run_fleet(args, env, settings, Path(args.out) / "logs")
+        fleet = run_fleet(args, env, settings, Path(args.out) / "logs", args.ar_workers)
+        for name, change in args.fleet_variant:  # more fleets on the same GPU, one after another
+            wait_for_free_gpu(args, f"fleet variant {name}")
+            ar_workers = int(change.pop("ar_workers", args.ar_workers))
+            env_vars = {k: v for k, v in change.items() if k.isupper()}
+            fields = {k: v for k, v in change.items() if not k.isupper()}
+            other = Settings(
+                redis_url=url, key_prefix=f"{settings.key_prefix}-{name}", **{**overrides, **fields}
+            )
+            other_env = {**child_env(other), **env_vars}
+            other_env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+            run = run_fleet(args, other_env, other, Path(args.out) / f"logs-{name}", ar_workers)
+            variants[name] = fleet_summary(run, change={**change, "ar_workers": ar_workers, **env_vars})
+            print(
+                f"RESULT fleet variant {name}: {run['audio_s']:.0f} s of audio in {run['wall_s']:.1f} s = "
+                f"{variants[name]['audio_s_per_s']:.1f} audio-s/s; TTFA idle median "
+                f"{variants[name]['ttfa_idle_median_s'] * 1000:.0f} ms",
+                flush=True,
+            )
     finally:
         valkey.stop()
     fleet_tokens = sum(s["samples"] // 2048 * 7 for m in fleet["manifests"] for s in m["segments"])
@@ -961,6 +1024,7 @@ def main() -> int:
         "fleet_resources_steady": fleet["resources_steady"],
         "decoder_pause": fleet["decoder_pause"],
         "pinning": fleet["pinning"],
+        "fleet_variants": variants,
     }
     print(
         f"RESULT fleet: {fleet['segments']} segments, {fleet['audio_s']:.0f} s of audio in {fleet['wall_s']:.1f} s "
@@ -989,6 +1053,11 @@ def main() -> int:
             offline_resources_steady=offline.get("resources_steady"),
         )
         result["ratio_fleet_over_offline"] = result["fleet_audio_s_per_s"] / result["offline_audio_s_per_s"]
+        for name, variant in variants.items():
+            variant["ratio_over_offline"] = variant["audio_s_per_s"] / result["offline_audio_s_per_s"]
+            print(
+                f"RESULT ratio fleet variant {name}/offline = {variant['ratio_over_offline']:.3f}", flush=True
+            )
         print(
             f"RESULT offline vLLM: {offline['tokens']} tokens ({offline_audio:.0f} s of audio) in {offline['wall_s']:.1f} s "
             f"= {result['offline_audio_s_per_s']:.1f} audio-s/s",

@@ -130,6 +130,7 @@ class ARWorker:
         self._segments: dict[asyncio.Task, str] = {}  # in-flight segment task -> job id
         self._ended_jobs: set[str] = set()
         self._slot_freed = asyncio.Event()
+        self._admit_at: float | None = None  # with ar_admit_batch > 1: when free slots are taken anyway
         self._frames_published = 0
         self._throughput_mark = (time.monotonic(), 0)
 
@@ -165,10 +166,29 @@ class ARWorker:
         if await self._downstream_behind():
             await _first(asyncio.sleep(0.2), stop.wait())
             return
+        if wait := self._admission_wait(free):
+            self._slot_freed.clear()
+            await _first(self._slot_freed.wait(), stop.wait(), asyncio.sleep(wait))
+            return
         for delivery in await self.consumer.read(free, self.ctx.settings.block_ms):
             task = asyncio.create_task(self._handle(delivery))
             self._segments[task] = ""
             task.add_done_callback(self._segment_finished)
+
+    def _admission_wait(self, free: int) -> float:
+        """Seconds to wait before starting segments in ``free`` slots (0: start now). With
+        ``ar_admit_batch`` > 1 a busy engine takes new segments in groups, not one per freed slot."""
+        s = self.ctx.settings
+        if not self._segments or free >= min(s.ar_admit_batch, self.max_in_flight):
+            self._admit_at = None
+            return 0.0
+        now = time.monotonic()
+        if self._admit_at is None:
+            self._admit_at = now + s.ar_admit_wait_ms / 1000
+        if now >= self._admit_at:
+            self._admit_at = None
+            return 0.0
+        return self._admit_at - now
 
     async def _downstream_behind(self) -> bool:
         """Back-pressure: hold new segments while decoders or assemblers have a backlog."""

@@ -1,0 +1,90 @@
+"""How an AR worker fills freed engine slots, over a real Redis: one at a time by default; with
+``ar_admit_batch`` in groups once enough slots are free, or when ``ar_admit_wait_ms`` has passed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from jobs.service import JobRequest, submit
+from workers.ar import ARWorker
+from workers.runtime import WorkerContext
+
+TEXT = " ".join(f"Sentence number {i} ends here." for i in range(12))  # 12 segments
+
+
+class HeldSynthesizer:
+    """Stands in for the engine: a segment runs until the test lets it finish."""
+
+    def __init__(self) -> None:
+        self.started: list[int] = []
+        self.release: dict[int, asyncio.Event] = {}
+
+    async def windows(self, task, request_id):
+        self.started.append(task.segment)
+        event = self.release.setdefault(task.segment, asyncio.Event())
+        await event.wait()
+        return
+        yield  # an async generator that yields no windows
+
+    def finish(self, count: int) -> None:
+        running = [s for s in self.started if not self.release[s].is_set()]
+        for segment in running[:count]:
+            self.release[segment].set()
+
+
+async def until(condition, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.02)
+
+
+def run(settings, scenario) -> None:
+    async def main() -> None:
+        ctx = WorkerContext.create(settings)
+        await submit(ctx.store, settings, JobRequest(text=TEXT))
+        synth = HeldSynthesizer()
+        worker = ARWorker(ctx, "tiny", synth, max_in_flight=6)
+        running = asyncio.create_task(worker.run())
+        try:
+            await until(lambda: len(synth.started) == 6)
+            await scenario(synth)
+            assert not running.done(), running
+        finally:
+            ctx.stop.set()
+            for event in synth.release.values():
+                event.set()
+            await running
+            await ctx.close()
+
+    asyncio.run(main())
+
+
+def test_by_default_each_freed_slot_is_filled_at_once(make_settings, key_prefix):
+    async def scenario(synth):
+        synth.finish(1)
+        await until(lambda: len(synth.started) == 7, timeout=5)
+
+    run(make_settings(key_prefix), scenario)
+
+
+def test_with_an_admission_batch_new_segments_start_in_groups(make_settings, key_prefix):
+    async def scenario(synth):
+        synth.finish(3)  # 3 free slots: fewer than the batch of 4
+        await asyncio.sleep(1.0)
+        assert len(synth.started) == 6, "a segment started before 4 slots were free"
+        synth.finish(1)  # 4 free: all four start together
+        await until(lambda: len(synth.started) == 10, timeout=5)
+
+    run(make_settings(key_prefix, ar_admit_batch=4, ar_admit_wait_ms=60_000), scenario)
+
+
+def test_free_slots_are_taken_anyway_once_the_admission_wait_is_over(make_settings, key_prefix):
+    async def scenario(synth):
+        freed = time.monotonic()
+        synth.finish(1)
+        await until(lambda: len(synth.started) == 7, timeout=10)
+        assert time.monotonic() - freed >= 0.4  # it waited (ar_admit_wait_ms) for more slots first
+
+    run(make_settings(key_prefix, ar_admit_batch=4, ar_admit_wait_ms=500), scenario)
