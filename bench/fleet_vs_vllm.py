@@ -149,6 +149,21 @@ def book(seed: int, sentences: int, per_chapter: int = 50) -> str:
     return "".join(out)
 
 
+def per_window(events: list[tuple[float, float]], start: float, end: float, step: float = 5.0) -> list[float]:
+    """Sum of (time, amount) events per second in each ``step``-second window of [start, end)."""
+    rates, t = [], start
+    while t < end:
+        u = min(t + step, end)
+        rates.append(sum(a for x, a in events if t <= x < u) / (u - t))
+        t = u
+    return rates
+
+
+def manifest_tokens(manifests: list[dict]) -> int:
+    """Codec tokens behind the segments of finished jobs (7 per 2,048-sample frame)."""
+    return sum(s["samples"] // 2048 * 7 for m in manifests for s in m["segments"])
+
+
 class StreamWatcher:
     """Records when the first entry of each job appears on each watched stream: the segment task
     (the API queued it), its first code chunk (the AR worker published it), its first audio chunk
@@ -195,21 +210,16 @@ class StreamWatcher:
     def timeline(self, start: float, end: float, step: float = 5.0, codes_per_frame: int = 7) -> list[dict]:
         """Per ``step`` seconds from ``start``: the AR stage's tokens/s (code frames published) and the
         decoders' audio-s/s (audio chunks published): ramp-up, steady state and tail of a run."""
-        rows = []
-        t = start
-        while t < end:
-            u = min(t + step, end)
-            frames = sum(n for x, n in self.code_frames if t <= x < u)
-            audio = sum(a for x, a in self.audio_s if t <= x < u)
-            rows.append(
-                {
-                    "t": round(t - start, 1),
-                    "ar_tokens_per_s": round(frames * codes_per_frame / (u - t)),
-                    "decoded_audio_s_per_s": round(audio / (u - t), 1),
-                }
-            )
-            t = u
-        return rows
+        frames = per_window(self.code_frames, start, end, step)
+        audio = per_window(self.audio_s, start, end, step)
+        return [
+            {
+                "t": round(i * step, 1),
+                "ar_tokens_per_s": round(f * codes_per_frame),
+                "decoded_audio_s_per_s": round(a, 1),
+            }
+            for i, (f, a) in enumerate(zip(frames, audio, strict=True))
+        ]
 
     def stages(self, job_id: str, t0: float) -> dict[str, float]:
         """Seconds from ``t0`` (the POST) to the job's first task, code chunk and audio chunk."""
@@ -627,11 +637,7 @@ async def run_async_direct(args, settings, fleet: dict) -> dict:
         resources.stop()
     finally:
         await engine.shutdown()
-    timeline, t = [], t0
-    while t < t0 + wall:
-        u = min(t + 5.0, t0 + wall)
-        timeline.append(round(sum(k for x, k in arrivals if t <= x < u) / (u - t)))
-        t = u
+    timeline = [round(rate) for rate in per_window(arrivals, t0, t0 + wall)]
     steady = resources.mean(t0 + 10, t0 + wall - 10)
     print(f"RESULT async direct: {tokens} tokens in {wall:.1f} s = {tokens / wall:.0f} tok/s", flush=True)
     print(f"RESULT async direct timeline (tok/s per 5 s): {timeline}", flush=True)
@@ -820,7 +826,7 @@ def wait_for_free_gpu(args, what: str) -> None:
 
 def fleet_summary(run: dict, change: dict) -> dict:
     """The figures of one more fleet run (``--fleet-variant``)."""
-    tokens = sum(s["samples"] // 2048 * 7 for m in run["manifests"] for s in m["segments"])
+    tokens = manifest_tokens(run["manifests"])
     return {
         "change": change,
         "complete": run["complete"],
@@ -849,6 +855,15 @@ def phase_in_subprocess(args, fleet: dict, phase: str) -> dict:
     argv = [sys.executable, __file__, *sys.argv[1:], "--offline-from", str(state), "--phase", phase]
     subprocess.run(argv, check=True)
     return json.loads(state.with_name(f"{phase}.json").read_text())
+
+
+def fleet_env(settings, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The fleet's children's environment: the settings, ``extra`` variables, flashinfer off."""
+    from fleet.supervisor import child_env
+
+    env = {**child_env(settings), **(extra or {})}
+    env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    return env
 
 
 def fleet_variant(text: str) -> tuple[str, dict[str, str]]:
@@ -928,7 +943,6 @@ def main() -> int:
 
     from fleet.embedded import EmbeddedValkey
     from fleet.settings import Settings
-    from fleet.supervisor import child_env
 
     data = Path(args.data_dir)
     overrides = dict(
@@ -974,8 +988,7 @@ def main() -> int:
     valkey = EmbeddedValkey(data)
     url = valkey.start()
     settings = Settings(redis_url=url, key_prefix=f"bench{int(time.time())}", **overrides)
-    env = child_env(settings)
-    env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    env = fleet_env(settings)
     os.environ.update({k: v for k, v in env.items() if k.startswith("VLLM")})
     variants = {}
     try:
@@ -988,9 +1001,9 @@ def main() -> int:
             other = Settings(
                 redis_url=url, key_prefix=f"{settings.key_prefix}-{name}", **{**overrides, **fields}
             )
-            other_env = {**child_env(other), **env_vars}
-            other_env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
-            run = run_fleet(args, other_env, other, Path(args.out) / f"logs-{name}", ar_workers)
+            run = run_fleet(
+                args, fleet_env(other, env_vars), other, Path(args.out) / f"logs-{name}", ar_workers
+            )
             variants[name] = fleet_summary(run, change={**change, "ar_workers": ar_workers, **env_vars})
             print(
                 f"RESULT fleet variant {name}: {run['audio_s']:.0f} s of audio in {run['wall_s']:.1f} s = "
@@ -1000,7 +1013,7 @@ def main() -> int:
             )
     finally:
         valkey.stop()
-    fleet_tokens = sum(s["samples"] // 2048 * 7 for m in fleet["manifests"] for s in m["segments"])
+    fleet_tokens = manifest_tokens(fleet["manifests"])
     result = {
         "complete": fleet["complete"],
         "model": args.model,

@@ -163,12 +163,12 @@ class ARWorker:
             self._slot_freed.clear()
             await _first(self._slot_freed.wait(), stop.wait())
             return
-        if await self._downstream_behind():
-            await _first(asyncio.sleep(0.2), stop.wait())
-            return
-        if wait := self._admission_wait(free):
+        if wait := self._admission_wait(free):  # before the Redis round trip of the backlog check
             self._slot_freed.clear()
             await _first(self._slot_freed.wait(), stop.wait(), asyncio.sleep(wait))
+            return
+        if await self._downstream_behind():
+            await _first(asyncio.sleep(0.2), stop.wait())
             return
         for delivery in await self.consumer.read(free, self.ctx.settings.block_ms):
             task = asyncio.create_task(self._handle(delivery))
