@@ -452,6 +452,10 @@ def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int) -> dict
             time.sleep(0.05)
         return [done[i] for i in ids]
 
+    def live_ar_workers() -> int:
+        models = {m["name"]: m for m in client.get("/v1/models").json()}
+        return models[settings.default_model]["workers"].get("ar", 0)
+
     try:
         for _ in range(600):
             try:
@@ -463,6 +467,14 @@ def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int) -> dict
         t = time.perf_counter()
         warm = [submit(book(1000 + i, args.warmup_sentences), seed=i)[0] for i in range(2)]
         wait(warm, args.timeout)
+        if ar_workers > 1:  # the later engines start one after another (engine-start lock): wait for all
+            deadline = time.perf_counter() + args.timeout
+            while live_ar_workers() < ar_workers:
+                if time.perf_counter() > deadline:
+                    raise TimeoutError(f"{live_ar_workers()} of {ar_workers} AR workers live")
+                time.sleep(0.5)
+            warm = [submit(book(1100 + i, args.warmup_sentences), seed=i)[0] for i in range(2 * ar_workers)]
+            wait(warm, args.timeout)  # ... and warm them too, as far as the tasks spread over them
         print(f"fleet warm after {time.perf_counter() - t:.1f} s", flush=True)
         # once the engine core is up (it starts with the AR worker's first minute, after /health)
         pinning = pin_engine_core(sup, args.pin_engine_core) if args.pin_engine_core else None
@@ -659,6 +671,8 @@ def run_offline(args, settings, fleet: dict) -> dict:
     engine_args = load_engine(spec, settings).engine_args()  # exactly the fleet's engine arguments,
     if args.raw_gpu_memory_utilization:  # or, against several AR engines per GPU, one with more memory
         engine_args["gpu_memory_utilization"] = args.raw_gpu_memory_utilization
+    if args.raw_max_num_seqs:  # ... and with the sequences of all of them
+        engine_args["max_num_seqs"] = args.raw_max_num_seqs
     llm = LLM(**engine_args)
     llm.generate(prompts[: min(64, len(prompts))], params[: min(64, len(prompts))], use_tqdm=False)  # warm-up
     profiler = py_spy(os.getpid(), Path(args.out) / "profile-offline.txt", args.profile_s, True)
@@ -900,6 +914,12 @@ def main() -> int:
         default=0,
         help="raw vLLM's gpu_memory_utilization, where it differs from one AR engine's (default: the same)",
     )
+    parser.add_argument(
+        "--raw-max-num-seqs",
+        type=int,
+        default=0,
+        help="raw vLLM's max_num_seqs, where it differs from one AR engine's (default: the same)",
+    )
     parser.add_argument("--assemblers", type=int, default=1)
     parser.add_argument("--stream-interval", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=1200)
@@ -1021,6 +1041,9 @@ def main() -> int:
         "jobs": args.jobs,
         "segments": fleet["segments"],
         "max_num_seqs": args.max_num_seqs,
+        "ar_workers": args.ar_workers,
+        "raw_max_num_seqs": args.raw_max_num_seqs or args.max_num_seqs,
+        "raw_gpu_memory_utilization": args.raw_gpu_memory_utilization or args.gpu_memory_utilization,
         "stream_interval": args.stream_interval,
         "fleet_wall_s": fleet["wall_s"],
         "fleet_audio_s": fleet["audio_s"],
