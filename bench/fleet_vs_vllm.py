@@ -186,14 +186,17 @@ class StreamWatcher:
         from fleet.messages import header_of
 
         last = {name: "$" for name in self.labels}
+        # when Redis added an entry (its id's milliseconds, on the perf_counter clock), not when this
+        # thread read it: a reader that lags under load would shift and bunch up the timeline
+        epoch_to_perf = time.perf_counter() - time.time()
         while not self._stop.is_set():
             reply = self.redis.xread(last, block=200, count=1000)
-            now = time.perf_counter()
             for stream, entries in reply or []:
                 label = self.labels[stream]
                 firsts = self.first_by[label]
                 for entry_id, fields in entries:
                     last[stream] = entry_id
+                    now = int(entry_id.split(b"-")[0]) / 1000 + epoch_to_perf
                     header = header_of(fields) or {}
                     job = header.get("job_id")
                     if job and job not in firsts:
