@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from fleet.cli import build_parser
+from fleet.settings import Settings
 
 COMPOSE = yaml.safe_load((Path(__file__).parents[1] / "docker-compose.yml").read_text())
 
@@ -47,3 +48,24 @@ def test_every_cli_command_has_a_service_or_is_local():
         s["command"][1] for s in COMPOSE["services"].values() if s.get("command", [None])[0] == "narrate"
     }
     assert commands - in_compose == {"file", "fleet", "models"}  # the local, all-in-one and listing commands
+
+
+def test_every_narrate_variable_is_a_setting():
+    """A misspelt NARRATE_* variable would be ignored silently (the settings ignore unknown names)."""
+    fields = {f"NARRATE_{name.upper()}" for name in Settings.model_fields}
+    used = {
+        key
+        for service in COMPOSE["services"].values()
+        for key in service.get("environment", {})
+        if key.startswith("NARRATE_")
+    }
+    assert "NARRATE_DECODER_COMPILE" in used
+    assert used - fields == set()
+
+
+def test_two_ar_engines_share_one_gpu():
+    """The H200 configuration: two AR workers whose memory shares fit one GPU together."""
+    ar = COMPOSE["services"]["ar-worker"]
+    replicas = int(ar["deploy"]["replicas"].removeprefix("${NARRATE_AR_WORKERS:-").removesuffix("}"))
+    share = float(ar["environment"]["NARRATE_VLLM_GPU_MEMORY_UTILIZATION"].split(":-")[1].rstrip("}"))
+    assert replicas == 2 and replicas * share <= 0.8
