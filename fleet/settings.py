@@ -125,15 +125,15 @@ class Settings(BaseSettings):
     decode_linger_ms: int | None = None
     #: Decoders run the SNAC decoder under torch.compile (dynamic shapes; compiles on the first
     #: windows, tens of seconds). H200, bench/decoder_speed.py: 1.3x (8 windows) to 1.5x (64) the
-    #: eager speed; in the fleet 600-960x real time while busy against 540-625x eager. Off by default:
-    #: ~35 s more start-up, and the eager decoder keeps up with one AR engine with room to spare.
+    #: eager speed; in the fleet 600-960x real time while busy against 540-625x eager. Off by default
+    #: (~35 s more start-up); docker-compose.yml switches it on beside two AR engines per GPU.
     decoder_compile: bool = False
     #: Back-pressure: AR workers start no new segment while the code-chunk or the audio stream holds
     #: more than this many entries (decoders or assemblers behind), so Redis memory stays bounded.
     max_stream_backlog: int = 2000
     #: An AR worker with segments in flight starts new ones only once this many engine slots are free
     #: (or ``ar_admit_wait_ms`` after the first one freed): fewer engine steps then carry new prompts
-    #: beside the decoding ones. 1: start each as soon as its slot frees. For measurement on a GPU.
+    #: beside the decoding ones. 1: start each as soon as its slot frees (docker-compose.yml: 16).
     ar_admit_batch: int = Field(default=1, ge=1)
     ar_admit_wait_ms: int = Field(default=500, ge=0)
 
