@@ -37,7 +37,7 @@ import numpy as np  # noqa: E402
 import redis  # noqa: E402
 
 from fleet.names import Names  # noqa: E402
-from tests.integration import fleetkit as kit  # noqa: E402
+from testing import fleetkit as kit  # noqa: E402
 
 
 def check(report: dict, name: str, condition: bool, detail: object = "") -> None:

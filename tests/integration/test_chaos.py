@@ -12,7 +12,7 @@ import redis
 
 from fleet.names import AR_GROUP, Names
 from fleet.settings import Settings
-from tests.integration.fleetkit import (
+from testing.fleetkit import (
     KINDS,
     POISON,
     PrivateValkey,
@@ -101,7 +101,7 @@ def test_sigkill_chaos_with_a_redis_restart_in_the_middle(chaos_fleet):
 
 
 def test_a_poison_segment_is_dead_lettered_and_fails_only_its_job(redis_url, data_dir, tiny_dir, tmp_path):
-    from tests.conftest import delete_prefix
+    from testing.fleetkit import delete_prefix
 
     prefix = f"poison-{int(time.time() * 1000) % 10**9}"
     # a prompt longer than the engine's context can never be generated: every delivery fails

@@ -41,7 +41,7 @@ def test_the_readme_first_command_speaks(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL" and not k.startswith("NARRATE_")}
     env["NARRATE_DATA_DIR"] = str(data)
     result = subprocess.run(
-        [sys.executable, "-m", "fleet.cli", *shlex.split(narrate)],
+        [sys.executable, "-m", "narrate.cli", *shlex.split(narrate)],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -69,7 +69,7 @@ def test_narrate_file_on_embedded_defaults(tmp_path, tiny_dir):
     env["NARRATE_DATA_DIR"] = str(data)
     env["PYTHONPATH"] = _without_espeak(tmp_path)
     result = subprocess.run(
-        [sys.executable, "-m", "fleet.cli", "file", str(book), "-o", str(tmp_path / "book.wav")],
+        [sys.executable, "-m", "narrate.cli", "file", str(book), "-o", str(tmp_path / "book.wav")],
         env=env,
         capture_output=True,
         text=True,
@@ -94,7 +94,7 @@ def test_narrate_file_refuses_bad_input(tmp_path, tiny_dir):
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL" and not k.startswith("NARRATE_")}
     env["NARRATE_DATA_DIR"] = str(data)
     result = subprocess.run(
-        [sys.executable, "-m", "fleet.cli", "file", str(empty)],
+        [sys.executable, "-m", "narrate.cli", "file", str(empty)],
         env=env,
         capture_output=True,
         text=True,
@@ -110,8 +110,8 @@ def test_narrate_fleet_runs_every_stage_as_children(redis_url, data_dir, tiny_di
 
     import httpx
 
-    from fleet.supervisor import free_port
-    from tests.conftest import delete_prefix
+    from narrate.supervisor import free_port
+    from testing.fleetkit import delete_prefix
 
     port = free_port()
     prefix = f"fleetcmd-{int(time.time() * 1000) % 10**9}"
@@ -121,7 +121,7 @@ def test_narrate_fleet_runs_every_stage_as_children(redis_url, data_dir, tiny_di
     )
     log = open(tmp_path / "fleet.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fleet.cli", "fleet", "--port", str(port)],
+        [sys.executable, "-m", "narrate.cli", "fleet", "--port", str(port)],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,

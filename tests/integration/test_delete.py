@@ -11,7 +11,7 @@ import redis
 
 from fleet.names import AR_GROUP, ASSEMBLER_GROUP, DECODER_GROUP, Names
 from fleet.settings import Settings
-from tests.integration.fleetkit import POISON, start_fleet, submit, wait_done
+from testing.fleetkit import POISON, start_fleet, submit, wait_done
 
 pytestmark = pytest.mark.integration
 
@@ -58,7 +58,7 @@ def assert_gone(client, r: redis.Redis, settings: Settings, job_id: str) -> None
 
 @pytest.mark.parametrize("storage", ["local", pytest.param("s3", marks=pytest.mark.s3)])
 def test_delete_releases_every_key_and_object(storage, redis_url, data_dir, tiny_dir, tmp_path, request):
-    from tests.conftest import delete_prefix
+    from testing.fleetkit import delete_prefix
 
     prefix = f"delete-{storage}-{int(time.time() * 1000) % 10**9}"
     extra = {}

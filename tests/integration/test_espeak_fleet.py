@@ -17,8 +17,8 @@ from fleet.settings import Settings
 from jobs.audio import Pauses
 from jobs.segmentation import plan_text
 from models.espeak import unavailable_reason
+from testing.fleetkit import BOOK, download, read_sse, start_fleet, submit, wait_done
 from tests.conftest import require
-from tests.integration.fleetkit import BOOK, download, read_sse, start_fleet, submit, wait_done
 
 pytestmark = pytest.mark.integration
 RATE = 22_050
@@ -32,7 +32,7 @@ WPM_BAND = (80, 350)
 @pytest.fixture(scope="module")
 def fleet(redis_url, data_dir, tmp_path_factory):
     require(unavailable_reason() is None, f"eSpeak NG: {unavailable_reason()}")
-    from tests.conftest import delete_prefix
+    from testing.fleetkit import delete_prefix
 
     prefix = f"espeak-{int(time.time() * 1000) % 10**9}"
     settings = Settings(

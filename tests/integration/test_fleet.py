@@ -12,7 +12,7 @@ import redis
 from fleet.names import Names
 from jobs.audio import Pauses
 from jobs.segmentation import plan_text
-from tests.integration.fleetkit import (
+from testing.fleetkit import (
     BOOK,
     SSEStream,
     download,
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def fleet(redis_url, data_dir, tiny_dir, tmp_path_factory):
-    from tests.conftest import delete_prefix
+    from testing.fleetkit import delete_prefix
 
     prefix = f"itest-{int(time.time() * 1000) % 10**9}"
     from fleet.settings import Settings

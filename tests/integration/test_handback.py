@@ -11,14 +11,14 @@ import redis
 
 from fleet.names import AR_GROUP, Names
 from fleet.settings import Settings
-from fleet.supervisor import Child, Supervisor, child_env, cli_argv
-from tests.integration.fleetkit import BOOK, download, start_fleet, submit, wait_done
+from narrate.supervisor import Child, Supervisor, child_env, cli_argv
+from testing.fleetkit import BOOK, download, start_fleet, submit, wait_done
 
 pytestmark = pytest.mark.integration
 
 
 def test_sigterm_hands_segments_back_and_the_job_is_unchanged(redis_url, data_dir, tiny_dir, tmp_path):
-    from tests.conftest import delete_prefix
+    from testing.fleetkit import delete_prefix
 
     prefix = f"handback-{int(time.time() * 1000) % 10**9}"
     # a lease far longer than the test: only the hand-back can make the work move quickly

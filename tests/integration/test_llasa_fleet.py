@@ -13,7 +13,7 @@ import pytest
 from fleet.settings import Settings
 from jobs.audio import Pauses
 from jobs.segmentation import plan_text
-from tests.integration.fleetkit import download, offline_segment_audio, start_fleet, submit, wait_done
+from testing.fleetkit import download, offline_segment_audio, start_fleet, submit, wait_done
 
 pytestmark = pytest.mark.integration
 
@@ -21,7 +21,7 @@ LLASA_TEXT = "# One\n\nThe harbour woke before the town did. Gulls argued.\n\n# 
 
 
 def test_llasa_and_orpheus_layouts_side_by_side(redis_url, data_dir, tiny_dir, tiny_llasa_dir, tmp_path):
-    from tests.conftest import delete_prefix
+    from testing.fleetkit import delete_prefix
 
     prefix = f"llasa-{int(time.time() * 1000) % 10**9}"
     settings = Settings(

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from fleet.names import Names
-from tests.integration.fleetkit import (
+from testing.fleetkit import (
     PrivateValkey,
     assert_nothing_left,
     manifest_segments,

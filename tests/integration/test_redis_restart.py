@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fleet.settings import Settings
-from tests.integration.fleetkit import BOOK, PrivateValkey, download, start_fleet, submit, wait_done
+from testing.fleetkit import BOOK, PrivateValkey, download, start_fleet, submit, wait_done
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ from fleet.names import Names
 from fleet.settings import Settings
 from jobs.audio import Pauses
 from jobs.segmentation import plan_text
-from tests.integration.fleetkit import download, offline_segment_audio, read_sse, start_fleet, submit
+from testing.fleetkit import download, offline_segment_audio, read_sse, start_fleet, submit
 
 pytestmark = pytest.mark.integration
 
@@ -22,7 +22,7 @@ TEXT = "Hi there. The fog lifted."
 
 
 def test_a_model_that_never_stops_is_retried_then_flagged(redis_url, data_dir, tiny_dir, tmp_path):
-    from tests.conftest import delete_prefix
+    from testing.fleetkit import delete_prefix
 
     prefix = f"runaway-{int(time.time() * 1000) % 10**9}"
     # the tiny weights never emit a stop token; served as "orpheus", whose family requires one

@@ -11,13 +11,13 @@ import pytest
 import soundfile as sf
 
 from fleet.settings import Settings
-from tests.integration.fleetkit import start_fleet, submit, wait_done
+from testing.fleetkit import start_fleet, submit, wait_done
 
 pytestmark = [pytest.mark.integration, pytest.mark.s3]
 
 
 def test_fleet_with_s3_storage(redis_url, data_dir, tiny_dir, s3_server, tmp_path):
-    from tests.conftest import delete_prefix
+    from testing.fleetkit import delete_prefix
 
     prefix = f"s3test-{int(time.time() * 1000) % 10**9}"
     settings = Settings(

@@ -11,8 +11,8 @@ import redis
 
 from fleet.names import Names
 from fleet.settings import Settings
+from testing.fleetkit import download, read_sse, start_fleet, submit, wait_done
 from tests.conftest import require
-from tests.integration.fleetkit import download, read_sse, start_fleet, submit, wait_done
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
@@ -47,7 +47,7 @@ def vllm_fleet_settings(redis_url, data_dir, monkeypatch, prefix: str, **overrid
 
 
 def test_fleet_on_vllm(redis_url, data_dir, tiny_dir, tmp_path, monkeypatch):
-    from tests.conftest import delete_prefix
+    from testing.fleetkit import delete_prefix
 
     settings = vllm_fleet_settings(redis_url, data_dir, monkeypatch, "vllm", max_num_seqs=16)
     prefix = settings.key_prefix
@@ -99,7 +99,7 @@ def test_two_ar_engines_share_the_work(redis_url, data_dir, tiny_dir, tmp_path, 
     (started one after the other), with grouped admission. Both take segments of one job, and the
     job's audio does not depend on which engine made which segment."""
     from fleet.names import AR_GROUP
-    from tests.conftest import delete_prefix
+    from testing.fleetkit import delete_prefix
 
     settings = vllm_fleet_settings(
         redis_url, data_dir, monkeypatch, "vllm2", max_num_seqs=3, ar_admit_batch=2

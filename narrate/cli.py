@@ -26,7 +26,7 @@ def _settings_with_redis(settings: Settings, stack: ExitStack) -> Settings:
     """The settings, with an embedded Valkey started (and stopped with ``stack``) if REDIS_URL is unset."""
     if settings.redis_url:
         return settings
-    from fleet.embedded import EmbeddedValkey
+    from narrate.embedded import EmbeddedValkey
 
     url = stack.enter_context(EmbeddedValkey(settings.data_dir))
     return settings.model_copy(update={"redis_url": url})
@@ -105,7 +105,7 @@ def cmd_models(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_fleet(args: argparse.Namespace, settings: Settings) -> int:
-    from fleet.supervisor import Supervisor, child_env, fleet_children
+    from narrate.supervisor import Supervisor, child_env, fleet_children
 
     with ExitStack() as stack:
         settings = _settings_with_redis(settings, stack)
@@ -134,8 +134,8 @@ def cmd_fleet(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_file(args: argparse.Namespace, settings: Settings) -> int:
     """Narrate one text file into one audio file through the same streams and workers as the fleet."""
-    from fleet.supervisor import Supervisor, child_env, fleet_children
     from jobs.service import InvalidRequest, JobRequest
+    from narrate.supervisor import Supervisor, child_env, fleet_children
 
     settings = _embedded_model(args, settings)
     text = Path(args.input).read_text(encoding="utf-8")

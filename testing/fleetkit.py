@@ -21,11 +21,11 @@ import numpy as np
 import redis
 import soundfile as sf
 
-from fleet.embedded import EmbeddedValkey
 from fleet.names import AR_GROUP, ASSEMBLER_GROUP, DECODER_GROUP, Names, manifest_object
 from fleet.settings import Settings
 from fleet.storage import storage_from_settings
-from fleet.supervisor import Supervisor, child_env, fleet_children, free_port
+from narrate.embedded import EmbeddedValkey
+from narrate.supervisor import Supervisor, child_env, fleet_children, free_port
 
 # A Markdown book: 3 chapters, 51 segments (3 headings, 48 sentences), abbreviations, quotes, ellipses.
 BOOK = """# Chapter One: The Harbour
@@ -508,6 +508,14 @@ def manifest_segments(settings: Settings, job_id: str) -> list[int]:
     """The segment indices in a finished job's manifest, in file order."""
     manifest = json.loads(storage_from_settings(settings).get_bytes(manifest_object(job_id)))
     return [s["index"] for s in manifest["segments"]]
+
+
+def delete_prefix(url: str, prefix: str) -> None:
+    client = redis.Redis.from_url(url)
+    for pattern in (f"{prefix}:*", f"rq:*{prefix}*"):
+        keys = list(client.scan_iter(match=pattern, count=1000))
+        for i in range(0, len(keys), 500):
+            client.delete(*keys[i : i + 500])
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str, every: float = 0.2) -> None:

@@ -39,7 +39,7 @@ def free_port() -> int:
 
 
 def cli_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "fleet.cli", *args]
+    return [sys.executable, "-m", "narrate.cli", *args]
 
 
 class Supervisor:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import sys
 import time
 
-from fleet.supervisor import Child, Supervisor
+from narrate.supervisor import Child, Supervisor
 
 
 def test_a_dying_child_is_restarted_with_backoff_and_reported(tmp_path):

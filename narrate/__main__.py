@@ -1,0 +1,5 @@
+import sys
+
+from narrate.cli import main
+
+sys.exit(main())
