@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from fleet.settings import Settings
+from jobs.audio import FORMATS
+from jobs.model import Job, JobStatus
+from jobs.service import JobRequest
+from models.registry import ModelSpec
 
 
 class JobCreate(BaseModel):
@@ -29,7 +36,7 @@ class JobCreate(BaseModel):
     model: str | None = Field(
         default=None, description="A model this fleet serves; default: the fleet's default."
     )
-    format: str = Field(default="wav", description="Output format: wav or flac.")
+    format: str = Field(default="wav", description=f"Output format: {', '.join(FORMATS)}.")
     sample_rate: int | None = Field(default=None, description="Output sample rate; default: the model's.")
     seed: int = Field(
         default=0,
@@ -43,11 +50,30 @@ class JobCreate(BaseModel):
     )
     pitch: int | None = Field(default=None, description="Pitch 0-100 (single-stage models, e.g. espeak).")
 
+    def to_request(self) -> JobRequest:
+        return JobRequest(
+            text=self.text,
+            title=self.title,
+            voice=self.voice,
+            model=self.model,
+            format=self.format,
+            sample_rate=self.sample_rate,
+            seed=self.seed,
+            markdown=self.text_format == "markdown",
+            rate=self.rate,
+            pitch=self.pitch,
+        )
+
 
 class Links(BaseModel):
     self: str
     events: str
     audio: str
+
+    @classmethod
+    def of(cls, job_id: str) -> Links:
+        base = f"/v1/jobs/{job_id}"
+        return cls(self=base, events=f"{base}/events", audio=f"{base}/audio")
 
 
 class JobAccepted(BaseModel):
@@ -56,6 +82,16 @@ class JobAccepted(BaseModel):
     segments_total: int
     chapters: int
     links: Links
+
+    @classmethod
+    def of(cls, job: Job) -> JobAccepted:
+        return cls(
+            id=job.id,
+            status=job.status.value,
+            segments_total=job.segments_total,
+            chapters=job.chapters,
+            links=Links.of(job.id),
+        )
 
 
 class JobView(BaseModel):
@@ -86,6 +122,32 @@ class JobView(BaseModel):
     finished_at: float | None
     links: Links
 
+    @classmethod
+    def of(cls, job: Job) -> JobView:
+        return cls(
+            id=job.id,
+            status=job.status.value,
+            title=job.title,
+            model=job.model,
+            voice=job.voice,
+            format=job.format,
+            sample_rate=job.sample_rate,
+            rate=job.rate or None,
+            pitch=job.pitch if job.rate else None,
+            segments_done=job.segments_done,
+            segments_total=job.segments_total,
+            segments_flagged=job.segments_flagged,
+            chapters=job.chapters,
+            audio_seconds=round(job.audio_seconds, 3),
+            duration_s=job.duration_s if job.status == JobStatus.DONE else None,
+            eta_s=job.eta_s(time.time()),
+            error=job.error or None,
+            created_at=job.created_at,
+            started_at=job.started_at or None,
+            finished_at=job.finished_at or None,
+            links=Links.of(job.id),
+        )
+
 
 class ModelView(BaseModel):
     name: str
@@ -106,6 +168,31 @@ class ModelView(BaseModel):
     pitch: dict[str, int] | None = Field(default=None, description="Pitch: default, min, max (if settable).")
     ready: bool = Field(description="Every worker kind this model needs has a live worker right now.")
     workers: dict[str, int] = Field(description="Live workers per kind this model needs.")
+
+    @classmethod
+    def of(cls, spec: ModelSpec, settings: Settings, live: dict[tuple[str, str], int]) -> ModelView:
+        family = spec.family
+        workers = {kind: live[(kind, spec.name)] for kind in spec.worker_kinds}
+        view = dict(
+            name=spec.name,
+            description=spec.description,
+            kind="single-stage" if spec.single_stage else "two-stage",
+            sample_rate=family.sample_rate,
+            voices=list(family.voices),
+            default_voice=family.default_voice,
+            default=spec.name == settings.default_model,
+            ready=all(workers.values()),
+            workers=workers,
+        )
+        if spec.single_stage:
+            view.update(
+                variants=list(family.variants),
+                rate=dict(default=family.default_rate, min=family.rate_range[0], max=family.rate_range[1]),
+                pitch=dict(
+                    default=family.default_pitch, min=family.pitch_range[0], max=family.pitch_range[1]
+                ),
+            )
+        return cls(**view)
 
 
 class Problem(BaseModel):

@@ -51,6 +51,15 @@ class Names:
         """Sorted set: job id -> creation time (unix seconds)."""
         return f"{self.prefix}:jobs"
 
+    def finalizing(self) -> str:
+        """Sorted set: job id -> unix time its last segment was assembled (its finalize was queued);
+        left when the finalize ends the job. The sweep (jobs/sweep.py) looks here for lost finalizes."""
+        return f"{self.prefix}:finalizing"
+
+    def sweep_lock(self) -> str:
+        """String with a TTL of one sweep interval: the worker that set it runs this interval's sweep."""
+        return f"{self.prefix}:sweep"
+
     def job(self, job_id: str) -> str:
         """Hash: the job's request, status and counters (see jobs.model.Job)."""
         return f"{self.prefix}:job:{{{job_id}}}"

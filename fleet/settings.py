@@ -111,8 +111,12 @@ class Settings(BaseSettings):
     block_ms: int = 1000
     #: A pending entry idle this long is reclaimed by another consumer (XAUTOCLAIM), ms.
     reclaim_idle_ms: int = 60_000
-    #: Deliveries before a message is dead-lettered and its job failed.
-    max_deliveries: int = 5
+    #: Deliveries of a message before it is dead-lettered and its job failed (workers/errors.py).
+    max_deliveries: int = Field(default=5, ge=1)
+    #: A retryable failure comes back after this long, doubling with each delivery up to the
+    #: maximum (with jitter: between half and all of it), ms.
+    retry_backoff_ms: int = Field(default=1000, ge=0)
+    retry_backoff_max_ms: int = Field(default=30_000, ge=0)
     #: Workers refresh their readiness entry this often; one silent for 3 heartbeats is dead (s).
     heartbeat_s: float = 5.0
     #: Code chunks decoded together by one decoder.
@@ -147,6 +151,15 @@ class Settings(BaseSettings):
     events_maxlen: int = 20_000
     #: RQ finalize job timeout, seconds.
     finalize_timeout_s: int = 3600
+    #: RQ retries of a finalize that failed, and the waits before them (comma separated seconds;
+    #: the last repeats); after the last one the job fails.
+    finalize_retries: int = Field(default=3, ge=0)
+    finalize_retry_intervals_s: str = "5,30,120"
+    #: The sweep (jobs/sweep.py, run by assemblers) looks for stuck finalizes and expired jobs this often.
+    sweep_interval_s: float = Field(default=30.0, gt=0)
+    #: The sweep deletes a stream consumer that holds nothing and has not read for this long (a
+    #: dead worker's name), seconds.
+    consumer_forget_s: float = Field(default=3600.0, gt=0)
 
     # --- api -----------------------------------------------------------------------------------
     api_host: str = "127.0.0.1"
@@ -182,6 +195,10 @@ class Settings(BaseSettings):
     @property
     def storage_dir(self) -> Path:
         return self.data_dir / "storage"
+
+    @property
+    def finalize_retry_intervals(self) -> list[int]:
+        return [int(x) for x in self.finalize_retry_intervals_s.split(",") if x.strip()] or [0]
 
     @property
     def finalize_queue(self) -> str:

@@ -103,6 +103,7 @@ class Finalizer:
                 await asyncio.to_thread(delete_outputs, self.storage, job_id, job.format)
             return "skipped"
         await asyncio.to_thread(self.storage.delete_prefix, parts_prefix(job_id))
+        await self.store.unmark_finalizing(job_id)
         log.info("finalized %s: %.1f s of audio in %s", job_id, manifest.duration_s, key)
         return "done"
 
@@ -134,8 +135,9 @@ def forget_finalize(settings: Settings, job_id: str, connection=None) -> None:
 
 
 def enqueue_finalize(settings: Settings, job_id: str, connection=None) -> None:
-    """Queue the finalize job once (a second call for the same job is a no-op)."""
-    from rq import Queue, Retry
+    """Queue the finalize job once (a second call for the same job is a no-op). RQ retries a failed
+    run ``finalize_retries`` times; after the last, ``finalize_failed`` fails the narration job."""
+    from rq import Callback, Queue, Retry
     from rq.exceptions import DuplicateJobError
     from rq.job import Job as RQJob
 
@@ -144,6 +146,7 @@ def enqueue_finalize(settings: Settings, job_id: str, connection=None) -> None:
     if RQJob.exists(rq_id, connection=connection):
         return
     queue = Queue(settings.finalize_queue, connection=connection)
+    retry = Retry(max=settings.finalize_retries, interval=settings.finalize_retry_intervals)
     with contextlib.suppress(DuplicateJobError):
         queue.enqueue_call(
             finalize_job,
@@ -151,7 +154,49 @@ def enqueue_finalize(settings: Settings, job_id: str, connection=None) -> None:
             job_id=rq_id,
             unique=True,
             timeout=settings.finalize_timeout_s,
-            retry=Retry(max=3, interval=[5, 30, 120]),
+            retry=retry if settings.finalize_retries else None,
+            on_failure=Callback(finalize_failed),
             result_ttl=0,  # a success leaves no record in RQ (the job's own hash says 'done')
             failure_ttl=settings.result_ttl_s,
         )
+
+
+def finalize_failed(rq_job, connection, exc_type, exc_value, traceback) -> None:
+    """RQ's failure callback, run after every failed (or abandoned: its worker died) finalize. While
+    RQ will retry it, nothing happens; after the last try the narration job fails with the reason."""
+    if rq_job.retries_left:
+        log.warning("finalize %s failed (%s); RQ retries it (%d left)", rq_job.id, exc_value, rq_job.retries_left)
+        return
+    settings = Settings()  # the RQ worker's environment, as for finalize_job
+    error = str(exc_value).strip() or getattr(exc_type, "__name__", "an error")
+    reason = f"finalizing failed after {settings.finalize_retries + 1} tries: {error[:500]}"
+    asyncio.run(_fail(settings, rq_job.args[0], reason))
+
+
+async def _fail(settings: Settings, job_id: str, reason: str) -> None:
+    redis = async_client(settings)
+    try:
+        store = JobStore.for_settings(redis, settings)
+        if await store.fail(job_id, reason):
+            log.error("job %s failed: %s", job_id, reason)
+        await store.unmark_finalizing(job_id)
+    finally:
+        await redis.aclose()
+
+
+def finalize_problem(settings: Settings, job_id: str, connection) -> str | None:
+    """What went wrong with a job's finalize, as RQ knows it: ``"missing"`` (no record: lost), the
+    failure (RQ gave up on it), or None (queued, scheduled for a retry, or running)."""
+    from rq.exceptions import NoSuchJobError
+    from rq.job import Job as RQJob
+    from rq.job import JobStatus as RQStatus
+
+    try:
+        rq_job = RQJob.fetch(finalize_rq_id(settings, job_id), connection=connection)
+    except NoSuchJobError:
+        return "missing"
+    if rq_job.get_status() not in (RQStatus.FAILED, RQStatus.STOPPED, RQStatus.CANCELED):
+        return None
+    result = rq_job.latest_result()
+    lines = (result.exc_string or "").strip().splitlines() if result is not None else []
+    return lines[-1][:500] if lines else f"RQ marked it {rq_job.get_status()}"

@@ -16,19 +16,12 @@ from fleet.messages import SegmentTask
 from fleet.settings import Settings
 from fleet.storage import Storage
 from jobs.audio import FORMATS, SAMPLE_RATES
+from jobs.errors import InvalidRequest, JobNotFound, TooLarge
 from jobs.finalize import delete_outputs, forget_finalize
 from jobs.model import Job, JobStatus
 from jobs.segmentation import Plan, Segment, plan_text
 from jobs.store import JobStore
 from models.registry import UnknownModelError, get_model
-
-
-class InvalidRequest(ValueError):
-    """A request the fleet refuses; ``status`` is the HTTP status that says why."""
-
-    def __init__(self, message: str, status: int = 422) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass(frozen=True)
@@ -55,37 +48,36 @@ def segment_seed(job_seed: int, voice: str, text: str) -> int:
 
 def validate(request: JobRequest, settings: Settings) -> tuple[Job, Plan]:
     if not request.text or not request.text.strip():
-        raise InvalidRequest("text is empty: send the text to narrate", 422)
+        raise InvalidRequest("text is empty: send the text to narrate")
     if len(request.text) > settings.max_text_chars:
-        raise InvalidRequest(
-            f"text has {len(request.text):,} characters; this fleet accepts at most {settings.max_text_chars:,}",
-            413,
+        raise TooLarge(
+            f"text has {len(request.text):,} characters; this fleet accepts at most {settings.max_text_chars:,}"
         )
     try:
         spec = get_model(request.model or settings.default_model, settings)
     except UnknownModelError as exc:
-        raise InvalidRequest(str(exc), 422) from exc
+        raise InvalidRequest(str(exc)) from exc
     family = spec.family
     voice = request.voice or family.default_voice
     speech_rate, pitch = _prosody(spec, request)
     if spec.single_stage:
         if problem := family.voice_problem(voice):
-            raise InvalidRequest(f"{problem} (model {spec.name!r})", 422)
+            raise InvalidRequest(f"{problem} (model {spec.name!r})")
     elif voice not in family.voices:
         raise InvalidRequest(
-            f"unknown voice {voice!r} for model {spec.name!r}; voices: {', '.join(family.voices)}", 422
+            f"unknown voice {voice!r} for model {spec.name!r}; voices: {', '.join(family.voices)}"
         )
     fmt = request.format.lower()
     if fmt not in FORMATS:
-        raise InvalidRequest(f"unsupported format {request.format!r}; supported: {', '.join(FORMATS)}", 422)
+        raise InvalidRequest(f"unsupported format {request.format!r}; supported: {', '.join(FORMATS)}")
     rate = request.sample_rate or family.sample_rate
     if rate not in SAMPLE_RATES:
         raise InvalidRequest(
-            f"unsupported sample rate {rate}; supported: {', '.join(map(str, SAMPLE_RATES))}", 422
+            f"unsupported sample rate {rate}; supported: {', '.join(map(str, SAMPLE_RATES))}"
         )
     plan = plan_text(request.text, markdown=request.markdown, max_chars=settings.max_segment_chars)
     if not plan.segments:
-        raise InvalidRequest("text has nothing to narrate (only markup or code)", 422)
+        raise InvalidRequest("text has nothing to narrate (only markup or code)")
     job = Job(
         id=uuid.uuid4().hex,
         status=JobStatus.QUEUED,
@@ -109,13 +101,13 @@ def _prosody(spec, request: JobRequest) -> tuple[int, int]:
     """The job's (rate, pitch): the single-stage family's defaults, or (0, 0) for a model without them."""
     if not spec.single_stage:
         if request.rate is not None or request.pitch is not None:
-            raise InvalidRequest(f"model {spec.name!r} has no rate or pitch settings", 422)
+            raise InvalidRequest(f"model {spec.name!r} has no rate or pitch settings")
         return 0, 0
     family = spec.family
     rate = family.default_rate if request.rate is None else request.rate
     pitch = family.default_pitch if request.pitch is None else request.pitch
     if problem := family.prosody_problem(rate, pitch):
-        raise InvalidRequest(problem, 422)
+        raise InvalidRequest(problem)
     return rate, pitch
 
 
@@ -143,14 +135,23 @@ async def submit(store: JobStore, settings: Settings, request: JobRequest) -> Jo
     return job
 
 
-async def delete(store: JobStore, storage: Storage, settings: Settings, job: Job) -> bool:
+async def get(store: JobStore, job_id: str) -> Job:
+    """The job, or ``JobNotFound``."""
+    job = await store.get(job_id)
+    if job is None:
+        raise JobNotFound(f"no job {job_id!r}")
+    return job
+
+
+async def delete(store: JobStore, storage: Storage, settings: Settings, job: Job, rq_connection=None) -> bool:
     """Release everything a job holds: a job still going is cancelled first (from then on every worker
     drops its work, and a worker caught mid-write removes what it wrote), then its objects leave
     storage, RQ forgets its finalize, and its keys leave Redis. Storage goes before the keys, so a
     failure part-way leaves the job visible and the DELETE can be repeated. Returns whether it cancelled.
+    ``rq_connection``: RQ's Redis client (a sync one; default: a new client for the settings' Redis).
     """
     cancelled = await store.cancel(job.id)
     await asyncio.to_thread(delete_outputs, storage, job.id, job.format)
-    await asyncio.to_thread(forget_finalize, settings, job.id)
+    await asyncio.to_thread(forget_finalize, settings, job.id, rq_connection)
     await store.purge(job.id)
     return cancelled

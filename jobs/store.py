@@ -273,11 +273,44 @@ class JobStore:
         )
 
     async def purge(self, job_id: str) -> None:
-        """Delete every key of an ended job (its delta hashes too) and its index entry. Only for a
+        """Delete every key of an ended job (its delta hashes too) and its index entries. Only for a
         job that has ended: every writer checks the status first, so nothing re-creates these keys."""
         await self.clear_scratch(job_id)
         await self.redis.delete(*self.names.job_keys(job_id))
         await self.redis.zrem(self.names.jobs_index(), job_id)
+        await self.redis.zrem(self.names.finalizing(), job_id)
+
+    # --- the sweep's indexes (jobs/sweep.py) --------------------------------------------------------
+
+    async def mark_finalizing(self, job_id: str) -> None:
+        """Note that the job's finalize was (about to be) queued; the first mark's time is kept."""
+        await self.redis.zadd(self.names.finalizing(), {job_id: time.time()}, nx=True)
+
+    async def unmark_finalizing(self, *job_ids: str) -> None:
+        if job_ids:
+            await self.redis.zrem(self.names.finalizing(), *job_ids)
+
+    async def finalizing_since(self, before: float, count: int = 1000) -> list[tuple[str, float]]:
+        """(job id, marked at) of jobs marked finalizing before ``before``, oldest first."""
+        raw = await self.redis.zrangebyscore(
+            self.names.finalizing(), "-inf", before, start=0, num=count, withscores=True
+        )
+        return [(job_id.decode(), at) for job_id, at in raw]
+
+    async def forget_expired(self, created_before: float, count: int = 1000) -> int:
+        """Remove index entries of jobs created before ``created_before`` whose keys expired (their
+        result TTL ran out); returns how many. Younger jobs cannot have expired yet."""
+        index = self.names.jobs_index()
+        ids = [i.decode() for i in await self.redis.zrangebyscore(index, "-inf", created_before, start=0, num=count)]
+        if not ids:
+            return 0
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.exists(self.names.job(job_id))
+        gone = [job_id for job_id, exists in zip(ids, await pipe.execute(), strict=True) if not exists]
+        if gone:
+            await self.redis.zrem(index, *gone)
+        return len(gone)
 
     async def clear_scratch(self, job_id: str) -> None:
         scratch = self.names.scratch_keys(job_id)

@@ -59,7 +59,8 @@ class TokenLayout:
         if bad.any():
             row, pos = (int(i) for i in np.argwhere(bad)[0])
             raise InvalidCodeError(
-                f"token {int(arr[row * self.codes_per_frame + pos])} at frame {row} position {pos} "
+                f"the model produced an invalid code: token {int(arr[row * self.codes_per_frame + pos])} "
+                f"at frame {row} position {pos} "
                 f"is not a code for that position (valid: {self.allowed_range(pos)})"
             )
         return frames.astype(np.int32)

@@ -18,6 +18,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from fleet.settings import Settings
+from jobs.audio import FORMATS
 
 log = logging.getLogger("narrate")
 
@@ -134,7 +135,8 @@ def cmd_fleet(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_file(args: argparse.Namespace, settings: Settings) -> int:
     """Narrate one text file into one audio file through the same streams and workers as the fleet."""
-    from jobs.service import InvalidRequest, JobRequest
+    from jobs.errors import InvalidRequest
+    from jobs.service import JobRequest
     from narrate.supervisor import Supervisor, child_env, fleet_children
 
     settings = _embedded_model(args, settings)
@@ -257,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--title")
     p.add_argument("--model")
     p.add_argument("--voice")
-    p.add_argument("--format", default="wav", choices=["wav", "flac"])
+    p.add_argument("--format", default="wav", choices=list(FORMATS))
     p.add_argument("--sample-rate", type=int)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plain", action="store_true", help="the input is plain text, not Markdown")

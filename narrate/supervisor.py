@@ -27,6 +27,8 @@ class Child:
     restarts: int = 0
     next_start: float = 0.0
     started_at: float = field(default=0.0)
+    #: Exit codes of its earlier processes, oldest first (70: it stopped on a fatal error).
+    exits: list[int] = field(default_factory=list)
 
 
 def free_port() -> int:
@@ -85,6 +87,7 @@ class Supervisor:
                     child.restarts = 0  # it ran fine for a while: not a crash loop
                 delay = min(2**child.restarts, self.max_backoff_s)
                 child.next_start = now + delay
+                child.exits.append(proc.returncode)
                 log.warning("%s exited with %s; restarting in %d s", child.name, proc.returncode, delay)
             elif now >= child.next_start:
                 child.restarts += 1

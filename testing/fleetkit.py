@@ -207,18 +207,13 @@ def offline_segment_audio(
     (of the segment's ``retry``-th runaway retry, whose seed derives from the segment's)."""
     from jobs.service import segment_seed
     from models.engines.reference import ReferenceEngine
-    from models.registry import get_model, load_codec, load_tokenizer
+    from models.registry import get_model, load_codec
     from models.snac_codec import to_pcm16
-    from workers.ar import SegmentSynthesizer, StreamingConfig
+    from workers.ar import SegmentSynthesizer
 
     spec = get_model(model, settings)
     engine = ReferenceEngine(spec.checkpoint(settings), max_num_seqs=32)
-    synth = SegmentSynthesizer(
-        spec.family,
-        load_tokenizer(spec, settings),
-        engine,
-        StreamingConfig.from_settings(settings, spec.family),
-    )
+    synth = SegmentSynthesizer.for_model(spec, settings, engine)
     codec = load_codec(spec, settings)
     layout = spec.family.layout
 

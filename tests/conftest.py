@@ -26,6 +26,17 @@ def require(condition: bool, reason: str) -> None:
         pytest.skip(reason)
 
 
+def require_module(name: str, reason: str) -> None:
+    """At a test module's top: skip the whole module locally when ``name`` is not installed; in CI
+    fail its collection (never ``pytest.importorskip``, which would skip in CI too)."""
+    import importlib.util
+
+    if importlib.util.find_spec(name) is None:
+        if IN_CI:
+            pytest.fail(f"required in CI: {reason} ({name} is not installed)", pytrace=False)
+        pytest.skip(reason, allow_module_level=True)
+
+
 def _reachable(url: str) -> bool:
     parsed = urlparse(url)
     try:

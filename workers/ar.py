@@ -1,10 +1,11 @@
 """Stage 0, the AR worker: segment tasks in, chunks of codec codes out; keeps its engine full.
 
-``SegmentSynthesizer`` is the compute (engine + family + chunker; no Redis). ``ARWorker`` is the
-transport: it pulls tasks from the model's task stream whenever engine slots are free (continuous
-batching across jobs), runs each segment as its own asyncio task, publishes one stream entry per
-window (never per token), acks when the final window is out, and aborts the engine requests of jobs
-that were cancelled.
+``SegmentSynthesizer`` is the compute (engine + family + chunker; no Redis, no transport).
+``ARWorker`` is the stage (workers/stage.py): it takes tasks from the model's task stream whenever
+engine slots are free (continuous batching across jobs), runs each segment as its own asyncio task,
+publishes one entry per window (never per token), settles the task when the final window is out,
+and aborts the engine requests of jobs that were cancelled. A dead engine is fatal: the worker
+hands back what it holds and exits so that its supervisor restarts it.
 
 Runaways (models/runaway.py): the synthesizer raises ``RunawayError`` when a segment never stops or
 loops on the same frames; the worker then queues a retry with another seed (up to
@@ -19,15 +20,18 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from fleet.messages import CodeChunk, MessageError, SegmentTask
+from fleet.messages import CodeChunk, SegmentTask
 from fleet.names import AR_GROUP
+from fleet.redis import TRANSIENT_ERRORS
 from fleet.settings import Settings
 from models.engines.base import Engine, FrameConstraint, SamplingParams
-from models.family import CodecLMFamily, InvalidCodeError, TextTokenizer
+from models.family import CodecLMFamily, TextTokenizer
 from models.runaway import NEVER_STOPS, REPEATS, RepeatDetector, RunawayError, retry_seed
 from models.streaming import FrameChunker, Window
-from workers.consumer import Delivery
-from workers.runtime import WorkerContext, every, heartbeat, resilient_loop
+from workers.errors import PermanentError
+from workers.runtime import WorkerContext, every
+from workers.stage import Stage, Work, first_of
+from workers.transport import Transport
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +68,15 @@ class SegmentSynthesizer:
         self.tokenizer = tokenizer
         self.engine = engine
         self.streaming = streaming
+
+    @classmethod
+    def for_model(cls, spec, settings: Settings, engine: Engine) -> SegmentSynthesizer:
+        """The synthesizer of a served model (``models.registry.ModelSpec``) on ``engine``: the
+        checkpoint's own tokenizer and the settings' streaming (chunk sizes, context)."""
+        from models.registry import load_tokenizer
+
+        streaming = StreamingConfig.from_settings(settings, spec.family)
+        return cls(spec.family, load_tokenizer(spec, settings), engine, streaming)
 
     def sampling_params(self, task: SegmentTask) -> SamplingParams:
         d = self.family.sampling
@@ -119,61 +132,71 @@ class SegmentSynthesizer:
         yield chunker.finish()
 
 
-class ARWorker:
-    def __init__(self, ctx: WorkerContext, model: str, synth: SegmentSynthesizer, max_in_flight: int) -> None:
-        self.ctx = ctx
+class ARWorker(Stage[SegmentTask]):
+    """Keeps the engine full: every free slot takes a task, and each segment runs as its own asyncio
+    task (``_run_segment``), settled on its own when it ends."""
+
+    kind = "ar"
+    group = AR_GROUP
+    message = SegmentTask
+    activity = "narrating"
+
+    def __init__(
+        self,
+        ctx: WorkerContext,
+        model: str,
+        synth: SegmentSynthesizer,
+        max_in_flight: int,
+        transport: Transport | None = None,
+    ) -> None:
+        codes = ctx.names.codes(model)
+        super().__init__(
+            ctx,
+            [ctx.names.tasks(model)],
+            transport=transport,
+            live_models=[model],
+            backlog_streams=[codes, ctx.names.audio()],  # decoders or assemblers behind: hold new segments
+        )
         self.model = model
         self.synth = synth
         self.max_in_flight = max_in_flight
-        self.consumer = ctx.consumer([ctx.names.tasks(model)], AR_GROUP, f"ar-{model}")
-        self.codes_stream = ctx.names.codes(model)
+        self.codes_stream = codes
         self._segments: dict[asyncio.Task, str] = {}  # in-flight segment task -> job id
         self._ended_jobs: set[str] = set()
         self._slot_freed = asyncio.Event()
         self._admit_at: float | None = None  # with ar_admit_batch > 1: when free slots are taken anyway
         self._frames_published = 0
         self._throughput_mark = (time.monotonic(), 0)
+        log.info("AR worker for %s: up to %d segments in flight", model, max_in_flight)
 
-    async def run(self) -> None:
+    def chores(self):
         stop = self.ctx.stop
-        chores = [
-            asyncio.create_task(self.consumer.lease_loop(stop)),
-            asyncio.create_task(every(0.25, stop, self._abort_ended_jobs, "cancel check")),
-            asyncio.create_task(heartbeat(self.ctx, "ar", [self.model])),
-            asyncio.create_task(every(10.0, stop, self._log_throughput, "throughput line")),
+        return [
+            *super().chores(),
+            every(0.25, stop, self._abort_ended_jobs, "cancel check"),
+            every(10.0, stop, self._log_throughput, "throughput line"),
         ]
-        log.info("AR worker for %s: up to %d segments in flight", self.model, self.max_in_flight)
-        try:
-            await resilient_loop(self._step, self.ctx, self.consumer, f"AR worker ({self.model})")
-        finally:
-            # Stop: abort the segments in flight (their engine requests with them) and hand their
-            # tasks back at once; another AR worker redoes them as new attempts.
-            for task in list(self._segments):
-                task.cancel()
-            await asyncio.gather(*self._segments, return_exceptions=True)
-            await asyncio.gather(*chores, return_exceptions=True)
-            handed = await self.consumer.hand_back()
-            log.info("AR worker stopped; handed back %d segment(s)", handed)
 
-    async def _step(self) -> None:
-        """Start as many segments as there are free engine slots (continuous batching)."""
+    def check(self, task: SegmentTask) -> None:
+        if task.model != self.model:
+            raise PermanentError(f"this AR worker serves {self.model!r}, not {task.model!r}")
+
+    async def room(self) -> int:
+        """Free engine slots (continuous batching), after admission grouping and back-pressure."""
         stop = self.ctx.stop
         free = self.max_in_flight - len(self._segments)
         if free <= 0:
             self._slot_freed.clear()
-            await _first(self._slot_freed.wait(), stop.wait())
-            return
+            await first_of(self._slot_freed.wait(), stop.wait())
+            return 0
         if wait := self._admission_wait(free):  # before the Redis round trip of the backlog check
             self._slot_freed.clear()
-            await _first(self._slot_freed.wait(), stop.wait(), asyncio.sleep(wait))
-            return
-        if await self._downstream_behind():
-            await _first(asyncio.sleep(0.2), stop.wait())
-            return
-        for delivery in await self.consumer.read(free, self.ctx.settings.block_ms):
-            task = asyncio.create_task(self._handle(delivery))
-            self._segments[task] = ""
-            task.add_done_callback(self._segment_finished)
+            await first_of(self._slot_freed.wait(), stop.wait(), asyncio.sleep(wait))
+            return 0
+        if await self.backlogged():
+            await first_of(asyncio.sleep(0.2), stop.wait())
+            return 0
+        return free
 
     def _admission_wait(self, free: int) -> float:
         """Seconds to wait before starting segments in ``free`` slots (0: start now). With
@@ -190,13 +213,38 @@ class ARWorker:
             return 0.0
         return self._admit_at - now
 
-    async def _downstream_behind(self) -> bool:
-        """Back-pressure: hold new segments while decoders or assemblers have a backlog."""
-        pipe = self.ctx.redis.pipeline(transaction=False)
-        pipe.xlen(self.codes_stream)
-        pipe.xlen(self.ctx.names.audio())
-        codes, audio = await pipe.execute()
-        return max(codes, audio) > self.ctx.settings.max_stream_backlog
+    async def process(self, work: list[Work[SegmentTask]]) -> None:
+        """Start each segment as its own task; the loop goes on reading while they run."""
+        for item in work:
+            task = asyncio.create_task(self._run_segment(item))
+            self._segments[task] = item.message.job_id
+            task.add_done_callback(self._segment_finished)
+
+    async def _run_segment(self, work: Work[SegmentTask]) -> None:
+        try:
+            error = await self.attempt(self.handle(work))
+        except TRANSIENT_ERRORS as exc:  # a segment cannot wait for the loop: retry it later
+            error = exc
+        except asyncio.CancelledError:
+            if work.message.job_id in self._ended_jobs:
+                await self.transport.ack(work.delivery)  # its job ended: nothing to redo
+            raise  # stopping: the delivery is handed back
+        try:
+            await self.settle(work, error)
+        except TRANSIENT_ERRORS:
+            log.warning("could not settle %s (Redis away); its lease runs out instead", self._what(work))
+
+    def _segment_finished(self, task: asyncio.Task) -> None:
+        self._segments.pop(task, None)
+        self._slot_freed.set()
+
+    async def wind_down(self) -> None:
+        """Stop: abort the segments in flight (their engine requests with them) and hand their tasks
+        back at once; another AR worker redoes them as new attempts."""
+        for task in list(self._segments):
+            task.cancel()
+        await asyncio.gather(*self._segments, return_exceptions=True)
+        await super().wind_down()
 
     async def _log_throughput(self) -> None:
         """Is the engine kept full, and how fast does it go? (vLLM's own statistics are off.)"""
@@ -212,12 +260,8 @@ class ARWorker:
                 (frames - before) / max(now - then, 1e-9),
             )
 
-    def _segment_finished(self, task: asyncio.Task) -> None:
-        self._segments.pop(task, None)
-        self._slot_freed.set()
-
     async def _abort_ended_jobs(self) -> None:
-        jobs = {job for job in self._segments.values() if job}
+        jobs = set(self._segments.values())
         if not jobs:
             return
         for job_id, status in (await self.ctx.store.statuses(jobs)).items():
@@ -227,43 +271,19 @@ class ARWorker:
                     if job == job_id:
                         task.cancel()  # leaving engine.generate aborts the request in the engine
 
-    async def _handle(self, delivery: Delivery) -> None:
-        try:
-            task = SegmentTask.decode(delivery.fields)
-        except MessageError as exc:
-            await self._fail_unreadable(delivery, exc)
-            return
+    async def handle(self, work: Work[SegmentTask]) -> None:
+        task = work.message
         attempt = await self.ctx.store.start_segment(task.job_id, task.segment)
         if not attempt:
-            await self.consumer.ack(delivery)  # cancelled or gone: drop, spend nothing
-            return
-        self._segments[asyncio.current_task()] = task.job_id
+            return  # cancelled or gone: drop, spend nothing
         request_id = f"{task.job_id}:{task.segment}:{attempt}"
         try:
             async for windows in self.synth.windows(task, request_id):
                 await self._publish(task, attempt, windows)
-            await self.consumer.ack(delivery)
-        except asyncio.CancelledError:
-            if task.job_id in self._ended_jobs:
-                await self.consumer.ack(delivery)
-            raise
         except RunawayError as exc:
-            await self._runaway(delivery, task, attempt, exc)
-        except InvalidCodeError as exc:
-            await self.consumer.dead_letter(delivery, str(exc))
-            await self.ctx.store.fail(
-                task.job_id, f"segment {task.segment}: the model produced invalid codes ({exc})"
-            )
-        except Exception as exc:  # noqa: BLE001 - EngineError and the unforeseen: retry via redelivery
-            log.exception("segment %s failed (attempt %d); it will be retried", request_id, attempt)
-            self.consumer.release(delivery)
-            if delivery.deliveries >= self.ctx.settings.max_deliveries:
-                await self.consumer.dead_letter(delivery, f"{type(exc).__name__}: {exc}")
-                await self.ctx.store.fail(
-                    task.job_id, f"segment {task.segment} failed {delivery.deliveries} times: {exc}"
-                )
+            await self._runaway(task, attempt, exc)
 
-    async def _runaway(self, delivery: Delivery, task: SegmentTask, attempt: int, exc: RunawayError) -> None:
+    async def _runaway(self, task: SegmentTask, attempt: int, exc: RunawayError) -> None:
         """Retry the segment with the next seed, or, after ``runaway_retries`` retries, keep what the
         last try produced (up to the detection) and flag the segment."""
         where = f"{task.job_id} segment {task.segment} (attempt {attempt}, retry {task.retry})"
@@ -274,12 +294,10 @@ class ARWorker:
             log.warning("runaway %s: %s; no retries left, keeping it flagged", where, exc)
             await self.ctx.store.flag_segment(task.job_id, task.segment, exc.kind, exc.detail, task.retry)
             await self._publish(task, attempt, exc.flush)
-        await self.consumer.ack(delivery)
 
     async def _publish(self, task: SegmentTask, attempt: int, windows: list[Window]) -> None:
-        pipe = self.ctx.redis.pipeline(transaction=False)
-        for w in windows:
-            chunk = CodeChunk(
+        chunks = [
+            CodeChunk(
                 job_id=task.job_id,
                 segment=task.segment,
                 attempt=attempt,
@@ -290,28 +308,15 @@ class ARWorker:
                 final=w.final,
                 frames=w.frames,
                 retry=task.retry,
-            )
-            pipe.xadd(self.codes_stream, chunk.encode())
-            self._frames_published += w.new_frames
-        await pipe.execute()
-
-    async def _fail_unreadable(self, delivery: Delivery, exc: Exception) -> None:
-        job_id = await self.consumer.dead_letter(delivery, f"unreadable segment task: {exc}")
-        if job_id:
-            await self.ctx.store.fail(job_id, f"a segment task could not be read: {exc}")
-
-
-async def _first(*aws) -> None:
-    tasks = [asyncio.ensure_future(a) for a in aws]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in tasks:
-            t.cancel()
+            ).encode()
+            for w in windows
+        ]
+        await self.transport.publish(self.codes_stream, chunks)
+        self._frames_published += sum(w.new_frames for w in windows)
 
 
 async def run_ar_worker(ctx: WorkerContext, model: str) -> None:
-    from models.registry import get_model, load_engine, load_tokenizer
+    from models.registry import get_model, load_engine
     from workers.runtime import StopRequested, configure_torch, engine_start_lock
 
     configure_torch(ctx.settings)
@@ -323,9 +328,7 @@ async def run_ar_worker(ctx: WorkerContext, model: str) -> None:
     except StopRequested:
         log.info("AR worker for %s stopped before its engine started", model)
         return
-    tokenizer = await asyncio.to_thread(load_tokenizer, spec, ctx.settings)
-    streaming = StreamingConfig.from_settings(ctx.settings, spec.family)
-    synth = SegmentSynthesizer(spec.family, tokenizer, engine, streaming)
+    synth = await asyncio.to_thread(SegmentSynthesizer.for_model, spec, ctx.settings, engine)
     try:
         await ARWorker(ctx, model, synth, engine.max_num_seqs).run()
     finally:

@@ -4,7 +4,7 @@ Deltas of one attempt at a segment may arrive in any order and from any decoder;
 Redis hash by chunk number (so any assembler can finish any segment, and a redelivered delta
 overwrites itself). When all chunks of an attempt are in, the segment's audio is written to storage
 and recorded once (the first attempt to complete wins; its deltas leave Redis). The last segment
-queues the RQ finalize job.
+queues the RQ finalize job. Assemblers also run the sweep (jobs/sweep.py), one of them per interval.
 
 It is also the first stage that holds a segment's audio in one piece, so it judges near-silence (a
 runaway, models/runaway.py): a whole segment below the model's ``silence_dbfs`` is retried with the
@@ -17,62 +17,66 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from fleet.messages import AudioChunk, MessageError
+from fleet.messages import AudioChunk
 from fleet.names import ASSEMBLER_GROUP, part_object
-from fleet.redis import TRANSIENT_ERRORS
+from fleet.redis import sync_client
 from fleet.settings import Settings
 from jobs.finalize import enqueue_finalize
 from jobs.service import segment_task
+from jobs.sweep import Sweeper
 from models.registry import MODELS
 from models.runaway import SILENCE, level_dbfs
-from workers.consumer import Delivery
-from workers.runtime import WorkerContext, resilient_loop
+from workers.runtime import WorkerContext, every
+from workers.stage import Stage, Work
+from workers.transport import Transport
 
 log = logging.getLogger(__name__)
 
 
-class Assembler:
+class Assembler(Stage[AudioChunk]):
+    kind = "assembler"
+    group = ASSEMBLER_GROUP
+    message = AudioChunk
+    activity = "assembling"
+    batch_size = 64
+
     def __init__(
-        self, ctx: WorkerContext, enqueue: Callable[[Settings, str], None] = enqueue_finalize
+        self,
+        ctx: WorkerContext,
+        enqueue: Callable[[Settings, str], None] = enqueue_finalize,
+        transport: Transport | None = None,
     ) -> None:
-        self.ctx = ctx
+        super().__init__(ctx, [ctx.names.audio()], transport=transport)
         self.enqueue = enqueue  # queues the finalize job (RQ); idempotent
-        self.consumer = ctx.consumer([ctx.names.audio()], ASSEMBLER_GROUP, "assembler")
+        self.sweeper: Sweeper | None = None  # made on the first sweep (it needs RQ's connection)
 
-    async def run(self) -> None:
-        lease = asyncio.create_task(self.consumer.lease_loop(self.ctx.stop))
-        try:
-            await resilient_loop(self._step, self.ctx, self.consumer, "assembler")
-        finally:
-            lease.cancel()
-            await asyncio.gather(lease, return_exceptions=True)
+    def chores(self):
+        s = self.ctx.settings
+        return [*super().chores(), every(s.sweep_interval_s, self.ctx.stop, self._sweep, "sweep")]
 
-    async def _step(self) -> None:
-        for delivery in await self.consumer.next_batch(64, self.ctx.settings.block_ms):
-            await self.handle(delivery)  # idempotent: a batch interrupted by an outage is redone
-        self.consumer.batch_done()
+    async def _sweep(self) -> None:
+        if self.sweeper is None:
+            rq = sync_client(self.ctx.settings)
+            self.sweeper = Sweeper(self.ctx.settings, self.ctx.store, rq, self.transport.name)
+        await self.sweeper.run_once()
 
-    async def handle(self, delivery: Delivery) -> None:
-        try:
-            chunk = AudioChunk.decode(delivery.fields)
-        except MessageError as exc:
-            job_id = await self.consumer.dead_letter(delivery, f"unreadable audio chunk: {exc}")
-            if job_id:
-                await self.ctx.store.fail(job_id, f"an audio chunk could not be read: {exc}")
-            return
-        try:
-            state = await self.ctx.store.add_delta(chunk)
-            if state == "complete":
-                await self.complete_segment(chunk)
-            elif state == "finalizing":  # a redelivery after the last segment: make sure finalize is queued
-                await asyncio.to_thread(self.enqueue, self.ctx.settings, chunk.job_id)
-        except TRANSIENT_ERRORS:
-            raise  # Redis is away: the worker loop waits and redoes this batch
-        except Exception:  # noqa: BLE001 - leave it pending: redelivered, then dead-lettered
-            log.exception("assembling %s segment %d failed", chunk.job_id, chunk.segment)
-            self.consumer.release(delivery)
-            return
-        await self.consumer.ack(delivery)
+    async def wind_down(self) -> None:
+        await super().wind_down()
+        if self.sweeper is not None:
+            self.sweeper.rq.close()
+
+    async def handle(self, work: Work[AudioChunk]) -> None:
+        # idempotent: a batch interrupted by an outage is redone
+        chunk = work.message
+        state = await self.ctx.store.add_delta(chunk)
+        if state == "complete":
+            await self.complete_segment(chunk)
+        elif state == "finalizing":  # a redelivery after the last segment: make sure finalize is queued
+            await self._finalize(chunk.job_id)
+
+    async def _finalize(self, job_id: str) -> None:
+        await self.ctx.store.mark_finalizing(job_id)  # first: the sweep finds a finalize that got lost
+        await asyncio.to_thread(self.enqueue, self.ctx.settings, job_id)
 
     async def complete_segment(self, chunk: AudioChunk) -> None:
         store = self.ctx.store
@@ -89,7 +93,7 @@ class Assembler:
             await asyncio.to_thread(self.ctx.storage.delete_prefix, key)
         if result.job_complete:
             log.info("job %s: all %d segments assembled", chunk.job_id, result.total)
-            await asyncio.to_thread(self.enqueue, self.ctx.settings, chunk.job_id)
+            await self._finalize(chunk.job_id)
 
     async def _silent_runaway_retried(self, chunk: AudioChunk, pcm: bytes) -> bool:
         """Near-silence check of a whole segment: retry it (True), or flag it on its last try."""

@@ -16,11 +16,13 @@ from typing import Protocol
 
 import numpy as np
 
-from fleet.messages import AudioChunk, CodeChunk, MessageError, header_of
+from fleet.messages import AudioChunk, CodeChunk, header_of
 from fleet.names import DECODER_GROUP
 from models.snac_codec import to_pcm16
-from workers.consumer import Delivery
-from workers.runtime import WorkerContext, every, heartbeat, resilient_loop
+from workers.errors import PermanentError
+from workers.runtime import WorkerContext, every
+from workers.stage import Stage, Work
+from workers.transport import Delivery, Transport
 
 log = logging.getLogger(__name__)
 
@@ -72,13 +74,26 @@ class DecodeStats:
         )
 
 
-class DecoderWorker:
-    def __init__(self, ctx: WorkerContext, codecs: dict[str, Codec]) -> None:
-        self.ctx = ctx
+class DecoderWorker(Stage[CodeChunk]):
+    kind = "decoder"
+    group = DECODER_GROUP
+    message = CodeChunk
+    activity = "decoding"
+
+    def __init__(
+        self, ctx: WorkerContext, codecs: dict[str, Codec], transport: Transport | None = None
+    ) -> None:
+        super().__init__(
+            ctx, [ctx.names.codes(m) for m in codecs], transport=transport, live_models=list(codecs)
+        )
         self.codecs = codecs
-        self.consumer = ctx.consumer([ctx.names.codes(m) for m in codecs], DECODER_GROUP, "decoder")
+        self.batch_size = ctx.settings.decode_batch
         self.stats = DecodeStats()
         self._stats_since = time.monotonic()
+        log.info("decoder for %s", ", ".join(codecs))
+
+    def chores(self):
+        return [*super().chores(), every(10.0, self.ctx.stop, self._log_stats, "decoder stats line")]
 
     async def _log_stats(self) -> None:
         now = time.monotonic()
@@ -86,66 +101,44 @@ class DecoderWorker:
             log.info(self.stats.line(now - self._stats_since))
         self.stats, self._stats_since = DecodeStats(), now
 
-    async def run(self) -> None:
-        chores = [
-            asyncio.create_task(self.consumer.lease_loop(self.ctx.stop)),
-            asyncio.create_task(heartbeat(self.ctx, "decoder", list(self.codecs))),
-            asyncio.create_task(every(10.0, self.ctx.stop, self._log_stats, "decoder stats line")),
-        ]
-        log.info("decoder for %s", ", ".join(self.codecs))
-        try:
-            await resilient_loop(self._step, self.ctx, self.consumer, "decoder")
-        finally:
-            for chore in chores:
-                chore.cancel()
-            await asyncio.gather(*chores, return_exceptions=True)
+    def check(self, chunk: CodeChunk) -> None:
+        if chunk.model not in self.codecs:
+            raise PermanentError(f"this decoder does not serve model {chunk.model!r}")
 
-    async def _step(self) -> None:
-        s = self.ctx.settings
-        deliveries = await self.consumer.next_batch(
-            s.decode_batch, s.block_ms, s.decode_linger_s(), urgent=_holds_a_first_segment
-        )
-        if deliveries:
-            await self.process(deliveries)  # idempotent: a batch interrupted by an outage is redone
-        self.consumer.batch_done()
+    def linger_s(self) -> float:
+        return self.ctx.settings.decode_linger_s()
 
-    async def process(self, deliveries: list[Delivery]) -> None:
-        # 1) parse; unreadable entries are dead-lettered and fail their job
-        work: list[tuple[Delivery, CodeChunk]] = []
-        for d in deliveries:
-            try:
-                chunk = CodeChunk.decode(d.fields)
-                if chunk.model not in self.codecs:
-                    raise MessageError(f"this decoder does not serve model {chunk.model!r}")
-                work.append((d, chunk))
-            except MessageError as exc:
-                job_id = await self.consumer.dead_letter(d, f"unreadable code chunk: {exc}")
-                if job_id:
-                    await self.ctx.store.fail(job_id, f"a code chunk could not be read: {exc}")
-        # 2) drop chunks of jobs that ended (cancelled, failed) or vanished
-        statuses = await self.ctx.store.statuses({c.job_id for _, c in work})
-        dropped = [d for d, c in work if statuses[c.job_id] is None or statuses[c.job_id].terminal]
-        work = [(d, c) for d, c in work if not (statuses[c.job_id] is None or statuses[c.job_id].terminal)]
-        # 3) decode in a thread (the event loop keeps renewing leases), 4) publish, then 5) ack
-        if work:
-            started = time.perf_counter()
-            try:
-                audio = await asyncio.to_thread(decode_chunks, self.codecs, [c for _, c in work])
-            except Exception:  # noqa: BLE001 - leave the batch pending: it is redelivered, then dead-lettered
-                log.exception("decoding a batch of %d chunks failed", len(work))
-                self.consumer.release(*(d for d, _ in work))
-                await self.consumer.ack(*dropped)
-                return
-            stats = self.stats
-            stats.busy_s += time.perf_counter() - started
-            stats.batches += 1
-            stats.chunks += len(audio)
-            stats.audio_s += sum(len(a.pcm) // 2 / a.sample_rate for a in audio)
-            pipe = self.ctx.redis.pipeline(transaction=False)
-            for chunk in audio:
-                pipe.xadd(self.ctx.names.audio(), chunk.encode())
-            await pipe.execute()
-        await self.consumer.ack(*dropped, *(d for d, _ in work))
+    def urgent(self, deliveries: list[Delivery]) -> bool:
+        return _holds_a_first_segment(deliveries)
+
+    async def process(self, work: list[Work[CodeChunk]]) -> None:
+        """Decode the batch as one; if that fails, chunk by chunk, so that a chunk that cannot be
+        decoded fails alone (retried, then dead-lettered) and the others go on."""
+        error = await self.attempt(self._decode_and_publish(work))
+        if error is None:
+            await self.transport.ack(*(w.delivery for w in work))
+            return
+        if len(work) > 1:
+            log.warning(
+                "decoding a batch of %d chunks failed (%s); decoding them one by one", len(work), error
+            )
+            await super().process(work)
+            return
+        await self.settle(work[0], error)
+
+    async def handle(self, work: Work[CodeChunk]) -> None:
+        await self._decode_and_publish([work])
+
+    async def _decode_and_publish(self, work: list[Work[CodeChunk]]) -> None:
+        # 1) decode in a thread (the event loop keeps renewing leases), 2) publish the new samples
+        started = time.perf_counter()
+        audio = await asyncio.to_thread(decode_chunks, self.codecs, [w.message for w in work])
+        stats = self.stats
+        stats.busy_s += time.perf_counter() - started
+        stats.batches += 1
+        stats.chunks += len(audio)
+        stats.audio_s += sum(a.samples / a.sample_rate for a in audio)
+        await self.transport.publish(self.ctx.names.audio(), [a.encode() for a in audio])
 
 
 async def run_decoder_worker(ctx: WorkerContext, models: list[str]) -> None:

@@ -19,7 +19,8 @@ from fleet.redis import async_client
 from fleet.settings import Settings
 from fleet.storage import Storage, storage_from_settings
 from jobs.store import JobStore
-from workers.consumer import StreamConsumer, consumer_name
+from workers.errors import FATAL_EXIT_CODE, FatalError
+from workers.transport import RedisStreams, consumer_name
 
 log = logging.getLogger(__name__)
 
@@ -40,16 +41,15 @@ class WorkerContext:
         store = JobStore.for_settings(redis, settings)
         return cls(settings, redis, names, store, storage_from_settings(settings), asyncio.Event())
 
-    def consumer(self, streams: list[str], group: str, kind: str) -> StreamConsumer:
-        """A consumer of ``streams`` in ``group`` with the fleet's lease and dead-letter settings."""
-        return StreamConsumer(
+    def redis_streams(self, streams: list[str], group: str, kind: str) -> RedisStreams:
+        """Redis Streams as a stage's transport, with the fleet's lease and dead-letter settings."""
+        return RedisStreams(
             self.redis,
             streams,
             group,
             consumer_name(kind),
             dead_letter_stream=self.names.dead_letters(),
             reclaim_idle_ms=self.settings.reclaim_idle_ms,
-            max_deliveries=self.settings.max_deliveries,
         )
 
     async def close(self) -> None:
@@ -118,54 +118,25 @@ def configure_torch(settings: Settings) -> None:
 
 
 def run_worker(settings: Settings, main: Callable[[WorkerContext], Awaitable[None]]) -> int:
-    """Run ``main`` until it returns or SIGTERM/SIGINT asks it to stop (it should then wind down)."""
+    """Run ``main`` until it returns or SIGTERM/SIGINT asks it to stop (it should then wind down).
+    Returns the exit code: 0, or ``FATAL_EXIT_CODE`` when the worker stopped because it cannot serve
+    (its supervisor restarts it)."""
 
-    async def runner() -> None:
+    async def runner() -> int:
         ctx = WorkerContext.create(settings)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, ctx.stop.set)
         try:
             await main(ctx)
+        except FatalError as exc:
+            log.error("stopping with exit code %d: %s", FATAL_EXIT_CODE, exc)
+            return FATAL_EXIT_CODE
         finally:
             await ctx.close()
+        return 0
 
-    asyncio.run(runner())
-    return 0
-
-
-async def resilient_loop(
-    step: Callable[[], Awaitable[None]], ctx: WorkerContext, consumer: StreamConsumer, what: str
-) -> None:
-    """Run ``step`` until ``ctx.stop``, surviving Redis outages: connection errors back off (0.25 s
-    doubling to 5 s) and retry, a stream or group lost with a non-persistent Redis is recreated.
-    A worker thus waits out a Redis restart instead of crash-looping."""
-    from redis.exceptions import ResponseError
-
-    from fleet.redis import TRANSIENT_ERRORS
-
-    delay = 0.0
-    ready = False
-    while not ctx.stop.is_set():
-        try:
-            if not ready:
-                await consumer.setup()
-                ready = True
-            await step()
-            if delay:
-                log.info("%s: Redis is back", what)
-                delay = 0.0
-        except TRANSIENT_ERRORS as exc:
-            if not delay:
-                log.warning("%s: Redis unavailable (%s); retrying with backoff", what, exc)
-            delay = min(max(delay * 2, 0.25), 5.0)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(ctx.stop.wait(), delay)
-        except ResponseError as exc:
-            if "NOGROUP" not in str(exc):
-                raise
-            log.warning("%s: consumer group gone (Redis lost its data?); recreating it", what)
-            ready = False
+    return asyncio.run(runner())
 
 
 async def every(interval_s: float, stop: asyncio.Event, fn: Callable[[], Awaitable[None]], what: str) -> None:

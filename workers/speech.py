@@ -22,18 +22,15 @@ from typing import Protocol
 
 import numpy as np
 
-from fleet.messages import AudioChunk, MessageError, SegmentTask
+from fleet.messages import AudioChunk, SegmentTask
 from fleet.names import SPEECH_GROUP
-from fleet.redis import TRANSIENT_ERRORS
-from models.espeak import UnsupportedTextError, VoiceError
 from models.single_stage import SingleStageFamily
-from workers.consumer import Delivery
-from workers.runtime import WorkerContext, heartbeat, resilient_loop
+from workers.errors import PermanentError
+from workers.runtime import WorkerContext
+from workers.stage import Stage, Work
+from workers.transport import Transport
 
 log = logging.getLogger(__name__)
-
-#: Errors that retrying cannot fix: the task is dead-lettered and its job failed with the reason.
-PERMANENT_ERRORS = (UnsupportedTextError, VoiceError)
 
 
 class SpeechEngine(Protocol):
@@ -92,69 +89,38 @@ class SegmentSpeaker:
             await asyncio.gather(synthesis, return_exceptions=True)
 
 
-class SpeechWorker:
-    def __init__(self, ctx: WorkerContext, speakers: dict[str, SegmentSpeaker]) -> None:
-        self.ctx = ctx
+class SpeechWorker(Stage[SegmentTask]):
+    kind = "speech"
+    group = SPEECH_GROUP
+    message = SegmentTask
+    activity = "narrating"
+    batch_size = 1  # one segment at a time: this process has one engine, which speaks one text at a time
+
+    def __init__(
+        self, ctx: WorkerContext, speakers: dict[str, SegmentSpeaker], transport: Transport | None = None
+    ) -> None:
+        models = list(speakers)
+        super().__init__(
+            ctx,
+            [ctx.names.tasks(m) for m in models],
+            transport=transport,
+            live_models=models,
+            backlog_streams=[ctx.names.audio()],  # no new segment while the assemblers have a backlog
+        )
         self.speakers = speakers
-        self.models = list(speakers)
-        self.consumer = ctx.consumer([ctx.names.tasks(m) for m in self.models], SPEECH_GROUP, "speech")
+        log.info("speech worker for %s", ", ".join(models))
 
-    async def run(self) -> None:
-        chores = [
-            asyncio.create_task(self.consumer.lease_loop(self.ctx.stop)),
-            asyncio.create_task(heartbeat(self.ctx, "speech", self.models)),
-        ]
-        log.info("speech worker for %s", ", ".join(self.models))
-        try:
-            await resilient_loop(self._step, self.ctx, self.consumer, "speech worker")
-        finally:
-            self.ctx.stop.set()
-            await asyncio.gather(*chores, return_exceptions=True)
+    def check(self, task: SegmentTask) -> None:
+        if task.model not in self.speakers:
+            raise PermanentError(f"this speech worker does not serve model {task.model!r}")
 
-    async def _step(self) -> None:
-        # back-pressure: no new segment while the assemblers have a backlog (as for AR workers)
-        if await self.ctx.redis.xlen(self.ctx.names.audio()) > self.ctx.settings.max_stream_backlog:
-            await asyncio.sleep(0.2)
-            return
-        # one segment at a time: this process has one engine, which synthesizes one text at a time
-        for delivery in await self.consumer.next_batch(1, self.ctx.settings.block_ms):
-            await self.handle(delivery)  # a batch interrupted by an outage is redone as a new attempt
-        self.consumer.batch_done()
-
-    async def handle(self, delivery: Delivery) -> None:
-        # 1) read the task; 2) start the segment (attempt number; nothing to do if the job ended)
-        try:
-            task = SegmentTask.decode(delivery.fields)
-            if task.model not in self.speakers:
-                raise MessageError(f"this speech worker does not serve model {task.model!r}")
-        except MessageError as exc:
-            job_id = await self.consumer.dead_letter(delivery, f"unreadable segment task: {exc}")
-            if job_id:
-                await self.ctx.store.fail(job_id, f"a segment task could not be read: {exc}")
-            return
+    async def handle(self, work: Work[SegmentTask]) -> None:
+        # 1) start the segment (attempt number; nothing to do if the job ended); 2) synthesize,
+        # publishing audio as it comes (an interrupted batch is redone as a new attempt)
+        task = work.message
         attempt = await self.ctx.store.start_segment(task.job_id, task.segment)
-        if not attempt:
-            await self.consumer.ack(delivery)
-            return
-        # 3) synthesize, publishing audio as it comes; 4) ack once the final piece is out
-        try:
+        if attempt:
             await self._speak(task, attempt)
-        except PERMANENT_ERRORS as exc:
-            await self.consumer.dead_letter(delivery, str(exc))
-            await self.ctx.store.fail(task.job_id, f"segment {task.segment}: {exc}")
-            return
-        except TRANSIENT_ERRORS:
-            raise  # Redis is away: the loop waits and redoes the task (as a new attempt)
-        except Exception as exc:  # noqa: BLE001 - retried via redelivery, then dead-lettered
-            log.exception("segment %s:%d failed (attempt %d)", task.job_id, task.segment, attempt)
-            self.consumer.release(delivery)
-            if delivery.deliveries >= self.ctx.settings.max_deliveries:
-                await self.consumer.dead_letter(delivery, f"{type(exc).__name__}: {exc}")
-                await self.ctx.store.fail(
-                    task.job_id, f"segment {task.segment} failed {delivery.deliveries} times: {exc}"
-                )
-            return
-        await self.consumer.ack(delivery)
 
     async def _speak(self, task: SegmentTask, attempt: int) -> None:
         speaker = self.speakers[task.model]
@@ -170,7 +136,7 @@ class SpeechWorker:
                 speaker.engine.sample_rate,
                 pcm.astype("<i2", copy=False).tobytes(),
             )
-            await self.ctx.redis.xadd(self.ctx.names.audio(), chunk.encode())
+            await self.transport.publish(self.ctx.names.audio(), [chunk.encode()])
             seq += 1
         log.info(
             "segment %s:%d (attempt %d): %.2f s of audio in %d chunks",

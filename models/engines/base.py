@@ -53,6 +53,16 @@ class EngineError(RuntimeError):
     """The engine failed a request (or all of them); the segment may be retried."""
 
 
+class EngineRequestError(EngineError):
+    """The engine refuses this request (a prompt that cannot fit, parameters it rejects): retrying it
+    can never succeed (workers/errors.py: permanent)."""
+
+
+class EngineDeadError(EngineError):
+    """The engine cannot serve any request any more (its core process died): the worker must stop
+    and be restarted (workers/errors.py: fatal)."""
+
+
 class Engine(Protocol):
     max_num_seqs: int
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from models.engines.base import EngineError, SamplingParams, TokenDelta
+from models.engines.base import EngineError, EngineRequestError, SamplingParams, TokenDelta
 from models.sampling import SamplingRows, sample_candidates
 
 # --- checkpoint -----------------------------------------------------------------------------------
@@ -259,11 +259,11 @@ class ReferenceEngine:
         if request_id in self._running or any(r.request_id == request_id for r in self._waiting):
             raise EngineError(f"request id {request_id!r} is already running")
         if not prompt or len(prompt) >= self.max_model_len:
-            raise EngineError(
-                f"prompt of {len(prompt)} tokens does not fit max_model_len {self.max_model_len}"
+            raise EngineRequestError(
+                f"the prompt of {len(prompt)} tokens does not fit the engine (max_model_len {self.max_model_len})"
             )
         if max(prompt) >= self.shape.vocab_size or min(prompt) < 0:
-            raise EngineError("prompt has token ids outside the vocabulary")
+            raise EngineRequestError("the prompt has token ids outside the vocabulary")
         seed = params.seed if params.seed is not None else random.getrandbits(62)
         seen = torch.zeros(self.shape.vocab_size, dtype=torch.bool, device=self.device)
         seen[torch.tensor(prompt, device=self.device)] = True

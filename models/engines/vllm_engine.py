@@ -32,7 +32,7 @@ from vllm import SamplingParams as VllmSamplingParams
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 
-from models.engines.base import EngineError, SamplingParams, TokenDelta
+from models.engines.base import EngineDeadError, EngineError, EngineRequestError, SamplingParams, TokenDelta
 from models.sampling import SamplingRows, sample_candidates
 
 log = logging.getLogger(__name__)
@@ -466,13 +466,13 @@ class VllmEngine:
         self, request_id: str, prompt: list[int], params: SamplingParams
     ) -> AsyncIterator[TokenDelta]:
         if self._engine is None:
-            raise EngineError("the vLLM engine is not started")
+            raise EngineDeadError("the vLLM engine is not started (or was shut down)")
         from vllm.inputs import TokensPrompt
 
         room = self.max_model_len - len(prompt)
         if room < 1:
-            raise EngineError(
-                f"prompt of {len(prompt)} tokens does not fit max_model_len {self.max_model_len}"
+            raise EngineRequestError(
+                f"the prompt of {len(prompt)} tokens does not fit the engine (max_model_len {self.max_model_len})"
             )
         sampling = self.sampling_params(params, max_tokens=min(params.max_tokens, room))
         try:
@@ -485,8 +485,8 @@ class VllmEngine:
                     output.finished,
                     completion.finish_reason if output.finished else None,
                 )
-        except Exception as exc:  # noqa: BLE001 - validation (VLLMValidationError) and engine errors
-            raise EngineError(f"vLLM failed request {request_id}: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - every vLLM error leaves as one of the engine interface's
+            raise engine_error(exc, request_id) from exc
 
     async def abort(self, request_id: str) -> None:
         if self._engine is not None:
@@ -498,3 +498,20 @@ class VllmEngine:
         if self._engine is not None:
             self._engine.shutdown()
             self._engine = None
+
+
+def engine_error(exc: Exception, request_id: str) -> EngineError:
+    """vLLM's errors in the engine interface's terms: a dead engine core (vLLM's ``EngineDeadError``)
+    is fatal for the worker; a request vLLM refuses (validation: a client
+    error, or a ValueError/TypeError in older releases) is permanent; anything else may be retried."""
+    from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDead
+
+    try:
+        from vllm.exceptions import VLLMClientError as refused
+    except ImportError:  # vLLM < 0.30: validation errors are ValueErrors
+        refused = ValueError
+    if isinstance(exc, VllmEngineDead):
+        return EngineDeadError(f"the vLLM engine core died while serving {request_id}: {exc}")
+    if isinstance(exc, (refused, ValueError, TypeError)):
+        return EngineRequestError(f"vLLM refused request {request_id}: {exc}")
+    return EngineError(f"vLLM failed request {request_id}: {exc}")

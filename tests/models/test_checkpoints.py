@@ -16,12 +16,11 @@ from models.registry import (
     get_model,
     load_codec,
     load_engine,
-    load_tokenizer,
     served_models,
 )
 from models.runaway import NEVER_STOPS, RunawayError
 from models.tiny import build_lm, build_snac, build_tokenizer
-from workers.ar import SegmentSynthesizer, StreamingConfig
+from workers.ar import SegmentSynthesizer
 
 
 @pytest.fixture(scope="module")
@@ -52,12 +51,7 @@ def test_orpheus_model_from_a_local_directory(user_checkpoint, tmp_path):
     spec = get_model("orpheus", settings)
     engine = load_engine(spec, settings)
     codec = load_codec(spec, settings)
-    synth = SegmentSynthesizer(
-        spec.family,
-        load_tokenizer(spec, settings),
-        engine,
-        StreamingConfig.from_settings(settings, spec.family),
-    )
+    synth = SegmentSynthesizer.for_model(spec, settings, engine)
     task = SegmentTask("j", 0, "Hello from a local checkpoint.", "orpheus", "zoe", seed=3)
 
     async def run():

@@ -16,7 +16,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-pytest.importorskip("vllm", reason="the processor is a vLLM v1 logits processor")
+from tests.conftest import require_module  # noqa: E402
+
+require_module("vllm", "the processor is a vLLM v1 logits processor")
 
 from vllm import SamplingParams as VllmSamplingParams  # noqa: E402
 from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality  # noqa: E402

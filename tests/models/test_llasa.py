@@ -17,7 +17,7 @@ from models.engines.base import FrameConstraint
 from models.family import InvalidCodeError
 from models.registry import MODELS, get_model, load_codec, load_engine, load_tokenizer
 from models.streaming import FrameChunker
-from workers.ar import SegmentSynthesizer, StreamingConfig
+from workers.ar import SegmentSynthesizer
 
 FAMILY = MODELS["tiny-llasa"].family
 LAYOUT = llasa.LLASA_LAYOUT
@@ -118,12 +118,7 @@ def test_reference_engine_makes_valid_codes_and_audio(tiny_llasa_dir, codec):
     settings = Settings(data_dir=tiny_llasa_dir.parent.parent, models="tiny-llasa", max_model_len=512)
     spec = get_model("tiny-llasa", settings)
     engine = load_engine(spec, settings)
-    synth = SegmentSynthesizer(
-        spec.family,
-        load_tokenizer(spec, settings),
-        engine,
-        StreamingConfig.from_settings(settings, spec.family),
-    )
+    synth = SegmentSynthesizer.for_model(spec, settings, engine)
     assert (synth.streaming.left_context, synth.streaming.lookahead) == (10, 10)
     texts = ["The harbour woke before the town did.", "Hi.", "Gulls argued over the nets."]
 

@@ -9,7 +9,13 @@ import importlib.util
 import pytest
 import torch
 
-from models.engines.base import EngineError, FrameConstraint, SamplingParams
+from models.engines.base import (
+    EngineDeadError,
+    EngineError,
+    EngineRequestError,
+    FrameConstraint,
+    SamplingParams,
+)
 from models.orpheus import END_OF_SPEECH, ORPHEUS_LAYOUT
 from tests.conftest import require
 
@@ -151,10 +157,28 @@ def test_abort_and_a_failing_request_leave_the_engine_serving(vllm, prompts):
         await stream.aclose()  # leaving the stream aborts the request inside vLLM
         await engine.abort("never-existed")
         healthy = asyncio.create_task(collect(engine, "healthy", prompts[1], params(2, max_tokens=70)))
-        with pytest.raises(EngineError):
+        with pytest.raises(EngineRequestError, match="does not fit the engine"):  # permanent
             await collect(engine, "too-long", list(range(1000, 3000)), params(3))
         return first, await healthy
 
     first, healthy = loop.run_until_complete(run())
     assert first.token_ids and not first.finished
     assert len(healthy) == 70
+
+
+def test_vllm_errors_map_into_the_engine_interface():
+    """A dead engine core is fatal for the worker, a refused request permanent, the rest retryable
+    (workers/errors.py): built from vLLM's own exception classes."""
+    require(importlib.util.find_spec("vllm") is not None, "vLLM is not installed")
+    from vllm.exceptions import VLLMValidationError
+    from vllm.v1.engine.exceptions import EngineDeadError as VllmDead
+    from vllm.v1.engine.exceptions import EngineGenerateError
+
+    from models.engines.vllm_engine import engine_error
+
+    dead = engine_error(VllmDead(), "j:0:1")
+    assert type(dead) is EngineDeadError and "engine core died while serving j:0:1" in str(dead)
+    assert type(engine_error(VLLMValidationError("max_tokens must be at least 1"), "r")) is EngineRequestError
+    assert type(engine_error(ValueError("bad"), "r")) is EngineRequestError
+    assert type(engine_error(EngineGenerateError(), "r")) is EngineError
+    assert type(engine_error(RuntimeError("cuda"), "r")) is EngineError

@@ -15,10 +15,10 @@ from fleet.messages import AudioChunk, CodeChunk, SegmentTask
 from jobs.model import JobStatus
 from jobs.service import JobRequest, submit
 from models.engines.reference import ReferenceEngine
-from models.registry import get_model, load_tokenizer
+from models.registry import get_model
 from models.runaway import NEVER_STOPS, REPEATS, RunawayError, retry_seed
 from tests.broken_models import repeating_checkpoint
-from workers.ar import ARWorker, SegmentSynthesizer, StreamingConfig
+from workers.ar import ARWorker, SegmentSynthesizer
 from workers.runtime import WorkerContext
 
 TEXT = "The gulls argued over the nets."  # 31 characters: a budget of 53 Orpheus frames
@@ -32,8 +32,7 @@ def repeating_dir(tiny_dir, tmp_path_factory):
 def synthesizer(settings, model="orpheus", engine=None):
     spec = get_model(model, settings)
     engine = engine or ReferenceEngine(spec.checkpoint(settings), max_num_seqs=4, max_model_len=1024)
-    streaming = StreamingConfig.from_settings(settings, spec.family)
-    return SegmentSynthesizer(spec.family, load_tokenizer(spec, settings), engine, streaming)
+    return SegmentSynthesizer.for_model(spec, settings, engine)
 
 
 async def run_segment(synth, task):
@@ -140,7 +139,7 @@ def test_invalid_codes_fail_the_job_with_a_reason(make_settings, key_prefix, tin
 
     got, letters, tasks = asyncio.run(main())
     assert got.status == JobStatus.FAILED
-    assert got.error.startswith("segment 0: the model produced invalid codes (token ")
+    assert got.error.startswith("segment 0 failed while narrating: the model produced an invalid code: token ")
     assert "is not a code for that position" in got.error
     assert len(letters) == 1 and tasks == 0  # dead-lettered, never retried
 

@@ -48,12 +48,15 @@ async def new_job(ctx, text="One. Two."):
 
 
 async def deliver(ctx, assembler, chunks):
+    """Put the chunks on the audio stream and run the assembler's own loop steps until it is empty."""
     for chunk in chunks:
         await ctx.redis.xadd(ctx.names.audio(), chunk.encode())
-    await assembler.consumer.setup()
-    while deliveries := await assembler.consumer.read(100, 10):
-        for d in deliveries:
-            await assembler.handle(d)
+    await assembler.transport.setup()
+    for _ in range(100):
+        if not await ctx.redis.xlen(ctx.names.audio()):
+            return
+        await assembler.step()
+    raise AssertionError("the assembler left entries on its stream")
 
 
 async def events(ctx, job_id):

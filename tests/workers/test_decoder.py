@@ -52,7 +52,7 @@ def decoder(redis_url, key_prefix, tmp_path):
         await store.create(job, plan, tasks_for(job, plan))
         codec = RecordingCodec()
         worker = DecoderWorker(ctx, {job.model: codec})
-        await worker.consumer.setup()
+        await worker.transport.setup()
         return ctx, worker, codec, job
 
     return make
@@ -74,7 +74,7 @@ def test_a_short_batch_waits_once_for_more_chunks(decoder):
         codes = ctx.names.codes(job.model)
         for segment in (1, 2):
             await ctx.redis.xadd(codes, chunk(job, segment, 32))
-        step = asyncio.create_task(worker._step())
+        step = asyncio.create_task(worker.step())
         await asyncio.sleep(0.2)
         await ctx.redis.xadd(codes, chunk(job, 3, 32))  # arrives while the decoder lingers
         await step
@@ -91,7 +91,7 @@ def test_a_first_segment_is_decoded_at_once(decoder):
         codes = ctx.names.codes(job.model)
         await ctx.redis.xadd(codes, chunk(job, 0, 6))
         await ctx.redis.xadd(codes, chunk(job, 2, 32))
-        await asyncio.wait_for(worker._step(), 2.0)  # far less than the linger
+        await asyncio.wait_for(worker.step(), 2.0)  # far less than the linger
         assert codec.calls == [[6, 32]]  # one batch, without waiting
         assert sorted(a.segment for a in await audio_entries(ctx)) == [0, 2]
         await ctx.redis.aclose()

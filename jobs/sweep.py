@@ -1,0 +1,128 @@
+"""The sweep: the periodic backstop that leaves no job stuck and nothing in Redis without an end.
+
+Run by every assembler (workers/assembler.py) every ``sweep_interval_s``; the one that takes the
+interval's lock (``SET NX PX``) sweeps, the others skip. Every step is idempotent, so two sweeps at
+once (a lock that expired mid-sweep) do no harm.
+
+1. Finalizes: a job marked finalizing (``Names.finalizing``) for longer than one interval whose
+   finalize RQ no longer knows (lost: the assembler's queueing never landed, Redis lost RQ's keys) is
+   queued again; one RQ gave up on (its last retry failed, or its worker died on the last try)
+   fails the job with RQ's reason, if RQ's failure callback did not already; a job finalizing for
+   longer than every try could take (``finalize_deadline_s``, from its first mark) fails, lost or
+   not. Jobs that are no longer finalizing leave the set.
+2. Expired jobs: job ids in the index whose keys expired (``result_ttl_s`` after they ended) leave
+   the index.
+3. Dead consumers: a consumer of a stage stream's group that holds no entry and has not read for
+   ``consumer_forget_s`` (a worker that died or stopped: every process has a consumer name of its
+   own) is deleted from its group. A live one reads every ``block_ms``; one with entries is kept,
+   since deleting it would drop them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+from redis.exceptions import ResponseError
+
+from fleet.settings import Settings
+from jobs.finalize import enqueue_finalize, finalize_problem
+from jobs.model import JobStatus
+from jobs.store import JobStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SweepReport:
+    requeued: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    expired: int = 0
+    consumers_forgotten: int = 0
+
+
+class Sweeper:
+    def __init__(self, settings: Settings, store: JobStore, rq_connection, name: str) -> None:
+        self.settings = settings
+        self.store = store
+        self.rq = rq_connection  # RQ's (sync) client
+        self.name = name
+
+    def finalize_deadline_s(self) -> float:
+        """The longest a finalize can legitimately take: every try at its timeout, the waits between
+        them, and a sweep interval of slack."""
+        s = self.settings
+        tries = s.finalize_retries + 1
+        waits = sum((s.finalize_retry_intervals * tries)[: s.finalize_retries])
+        return tries * s.finalize_timeout_s + waits + 2 * s.sweep_interval_s
+
+    async def run_once(self) -> SweepReport | None:
+        """Sweep if this process holds this interval's lock (None: another one sweeps)."""
+        names = self.store.names
+        ttl_ms = max(int(self.settings.sweep_interval_s * 1000), 1)
+        if not await self.store.redis.set(names.sweep_lock(), self.name, nx=True, px=ttl_ms):
+            return None
+        return await self.sweep()
+
+    async def sweep(self) -> SweepReport:
+        report = SweepReport()
+        now = time.time()
+        await self._finalizes(now, report)
+        report.expired = await self.store.forget_expired(now - self.settings.result_ttl_s)
+        report.consumers_forgotten = await self._forget_dead_consumers()
+        if report.requeued or report.failed or report.expired or report.consumers_forgotten:
+            log.info(
+                "sweep: %d finalize(s) queued again, %d job(s) failed, %d expired index entr(ies) and "
+                "%d dead consumer(s) removed",
+                len(report.requeued), len(report.failed), report.expired, report.consumers_forgotten,
+            )  # fmt: skip
+        return report
+
+    def stage_streams(self) -> list[str]:
+        names = self.store.names
+        models = self.settings.model_names
+        return [*(names.tasks(m) for m in models), *(names.codes(m) for m in models), names.audio()]
+
+    async def _forget_dead_consumers(self) -> int:
+        redis = self.store.redis
+        idle_ms = self.settings.consumer_forget_s * 1000
+        forgotten = 0
+        for stream in self.stage_streams():
+            try:
+                groups = await redis.xinfo_groups(stream)
+            except ResponseError:  # no such stream (a model without one, or not used yet)
+                continue
+            for group in groups:
+                name = group["name"]
+                for consumer in await redis.xinfo_consumers(stream, name):
+                    if consumer["pending"] == 0 and consumer["idle"] > idle_ms:
+                        await redis.xgroup_delconsumer(stream, name, consumer["name"])
+                        forgotten += 1
+        return forgotten
+
+    async def _finalizes(self, now: float, report: SweepReport) -> None:
+        marked = await self.store.finalizing_since(now - self.settings.sweep_interval_s)
+        if not marked:
+            return
+        statuses = await self.store.statuses({job_id for job_id, _ in marked})
+        await self.store.unmark_finalizing(*(j for j, _ in marked if statuses[j] != JobStatus.FINALIZING))
+        for job_id, since in marked:
+            if statuses[job_id] != JobStatus.FINALIZING:
+                continue
+            problem = await asyncio.to_thread(finalize_problem, self.settings, job_id, self.rq)
+            if now - since > self.finalize_deadline_s():
+                reason = f"finalizing did not finish within {self.finalize_deadline_s():.0f} s"
+            elif problem == "missing":
+                log.warning("sweep: the finalize of job %s was lost; queueing it again", job_id)
+                await asyncio.to_thread(enqueue_finalize, self.settings, job_id, self.rq)
+                report.requeued.append(job_id)
+                continue
+            elif problem is not None:
+                reason = f"finalizing failed: {problem}"
+            else:
+                continue
+            if await self.store.fail(job_id, reason):
+                report.failed.append(job_id)
+            await self.store.unmark_finalizing(job_id)

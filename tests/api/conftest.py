@@ -1,0 +1,45 @@
+"""The API in-process: ASGI transport (no sockets) over fakeredis with Lua (the same scripts as
+production). Milliseconds per test; the real-fleet tests in tests/integration cover real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+
+import fakeredis
+import httpx
+import pytest
+
+from api.app import create_app
+from fleet.settings import Settings
+
+
+class Api:
+    def __init__(self, settings: Settings, redis: fakeredis.FakeAsyncRedis, client: httpx.AsyncClient) -> None:
+        self.settings = settings
+        self.redis = redis
+        self.client = client
+
+    async def keys(self) -> list[bytes]:
+        return sorted(await self.redis.keys("*"))
+
+
+@pytest.fixture
+def api(tmp_path):
+    """Runs ``scenario(api)`` inside the app's lifespan: ``api.client`` talks to the app."""
+
+    def run(scenario, **overrides):
+        settings = Settings(redis_url="redis://unused", key_prefix="t", data_dir=tmp_path, **overrides)
+        server = fakeredis.FakeServer()
+        redis = fakeredis.FakeAsyncRedis(server=server)
+        rq = fakeredis.FakeRedis(server=server)
+        app = create_app(settings, redis_client=redis, rq_client=rq)
+
+        async def main():
+            async with app.router.lifespan_context(app):
+                transport = httpx.ASGITransport(app=app)
+                async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+                    return await scenario(Api(settings, redis, client))
+
+        return asyncio.run(main())
+
+    return run

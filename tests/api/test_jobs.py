@@ -1,0 +1,146 @@
+"""Request validation and the job routes, in-process: every refusal has a clear status and message
+and writes nothing; an accepted job is stored with its tasks in one step."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from api.errors import STATUS, status_of
+from fleet.messages import SegmentTask
+from fleet.names import Names
+from jobs.errors import InvalidEventId, InvalidRequest, JobNotFound, NotReady, TooLarge
+
+TEXT = "# One\n\nA first sentence. A second one.\n\n# Two\n\nThe end."
+
+
+def test_a_job_is_accepted_with_its_tasks_and_links(api):
+    async def scenario(a):
+        r = await a.client.post("/v1/jobs", json={"text": TEXT, "title": "T"})
+        assert r.status_code == 202, r.text
+        body = r.json()
+        names = Names("t")
+        tasks = [SegmentTask.decode(f) for _, f in await a.redis.xrange(names.tasks("tiny"))]
+        job = await a.redis.hgetall(names.job(body["id"]))
+        return body, tasks, job
+
+    body, tasks, job = api(scenario)
+    assert body["status"] == "queued" and body["segments_total"] == 5 and body["chapters"] == 2
+    assert body["links"] == {
+        "self": f"/v1/jobs/{body['id']}",
+        "events": f"/v1/jobs/{body['id']}/events",
+        "audio": f"/v1/jobs/{body['id']}/audio",
+    }
+    assert [t.segment for t in tasks] == [0, 1, 2, 3, 4] and {t.job_id for t in tasks} == {body["id"]}
+    assert job[b"status"] == b"queued" and job[b"title"] == b"T"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "says"),
+    [
+        ({"text": ""}, 422, "text is empty"),
+        ({"text": "   \n "}, 422, "text is empty"),
+        ({"text": "x" * 101}, 413, "at most 100"),
+        ({"text": "Hi.", "voice": "nobody"}, 422, "unknown voice 'nobody'"),
+        ({"text": "Hi.", "model": "nothing"}, 422, "unknown model 'nothing'"),
+        ({"text": "Hi.", "format": "ogg"}, 422, "unsupported format 'ogg'; supported: wav, flac"),
+        ({"text": "Hi.", "sample_rate": 12345}, 422, "unsupported sample rate 12345"),
+        ({"text": "Hi.", "rate": 150}, 422, "has no rate or pitch settings"),
+        ({"text": "Hi.", "colour": "red"}, 422, "colour: Extra inputs are not permitted"),
+        ({"text": "```\ncode only\n```"}, 422, "nothing to narrate"),
+        ({"title": "no text"}, 422, "text: Field required"),
+    ],
+)
+def test_a_refused_job_says_why_and_writes_nothing(api, body, status, says):
+    async def scenario(a):
+        r = await a.client.post("/v1/jobs", json=body)
+        return r, await a.keys()
+
+    r, keys = api(scenario, max_text_chars=100)
+    assert r.status_code == status and says in r.json()["detail"], r.text
+    assert keys == []
+
+
+def test_a_body_that_is_not_json_is_a_400(api):
+    async def scenario(a):
+        r = await a.client.post("/v1/jobs", content=b"{not json", headers={"content-type": "application/json"})
+        return r, await a.keys()
+
+    r, keys = api(scenario)
+    assert r.status_code == 400 and r.json() == {"detail": "the request body is not valid JSON"}
+    assert keys == []
+
+
+def test_unknown_jobs_are_404_on_every_route(api):
+    async def scenario(a):
+        c = a.client
+        return [
+            await c.get("/v1/jobs/nope"),
+            await c.get("/v1/jobs/nope/audio"),
+            await c.get("/v1/jobs/nope/events"),
+            await c.delete("/v1/jobs/nope"),
+        ]
+
+    for r in api(scenario):
+        assert r.status_code == 404 and r.json() == {"detail": "no job 'nope'"}, r.text
+
+
+def test_audio_before_done_is_409_and_a_bad_resume_id_400(api):
+    async def scenario(a):
+        job = (await a.client.post("/v1/jobs", json={"text": "Hello there."})).json()
+        audio = await a.client.get(f"/v1/jobs/{job['id']}/audio")
+        resume = await a.client.get(f"/v1/jobs/{job['id']}/events", headers={"last-event-id": "x" * 500})
+        return audio, resume
+
+    audio, resume = api(scenario)
+    assert audio.status_code == 409 and "is queued; its audio exists once it is done" in audio.json()["detail"]
+    assert resume.status_code == 400 and "is not an event id of this API" in resume.json()["detail"]
+    assert len(resume.json()["detail"]) < 160  # the bad value is quoted, not echoed whole
+
+
+def test_delete_cancels_a_queued_job_and_then_it_is_gone(api):
+    async def scenario(a):
+        job = (await a.client.post("/v1/jobs", json={"text": "Hello there. Twice."})).json()
+        deleted = await a.client.delete(f"/v1/jobs/{job['id']}")
+        after = await a.client.get(f"/v1/jobs/{job['id']}")
+        left = [k for k in await a.keys() if job["id"].encode() in k]
+        return deleted, after, left
+
+    deleted, after, left = api(scenario)
+    assert deleted.status_code == 202 and deleted.json()["status"] == "cancelled"
+    assert after.status_code == 404 and left == []
+
+
+def test_the_events_of_an_ended_job_are_replayed_and_the_stream_ends(api):
+    async def scenario(a):
+        job = (await a.client.post("/v1/jobs", json={"text": "Hello there."})).json()
+        from jobs.store import JobStore
+
+        await JobStore.for_settings(a.redis, a.settings).fail(job["id"], "a reason")
+        r = await a.client.get(f"/v1/jobs/{job['id']}/events")
+        return r
+
+    r = api(scenario)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = [line.split(": ", 1)[1] for line in r.text.splitlines() if line.startswith("event: ")]
+    data = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
+    assert events == ["queued", "failed"] and data[-1] == {"error": "a reason"}
+
+
+def test_models_lists_the_served_models_and_their_readiness(api):
+    async def scenario(a):
+        return await a.client.get("/v1/models")
+
+    r = api(scenario)
+    assert r.status_code == 200
+    (tiny,) = r.json()
+    assert tiny["name"] == "tiny" and tiny["kind"] == "two-stage" and tiny["ready"] is False
+    assert tiny["workers"] == {"ar": 0, "decoder": 0} and tiny["default"] is True
+
+
+def test_the_error_table_gives_the_most_specific_status():
+    assert STATUS[InvalidRequest] == 422
+    assert status_of(TooLarge("x")) == 413 and status_of(InvalidEventId("x")) == 400
+    assert status_of(JobNotFound("x")) == 404 and status_of(NotReady("x")) == 409
+    assert status_of(InvalidRequest("x")) == 422
