@@ -1,7 +1,7 @@
 """Issue 14's bugs, checked against the code of f18a7bd with only its own APIs: every test here FAILS there
 (run: git worktree add /tmp/oldmain f18a7bd; cp bench/results/issue14_bugs_on_f18a7bd.py /tmp/oldmain/tests/;
 cd /tmp/oldmain; PYTHONPATH=$PWD python -m pytest tests/issue14_bugs_on_f18a7bd.py). The same checks pass on main in
-tests/workers/test_failures.py and tests/integration/test_failures.py.
+tests/workers/test_failures.py and tests/integration/test_failures.py."""
 
 from __future__ import annotations
 
