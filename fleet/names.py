@@ -122,11 +122,16 @@ def parts_prefix(job_id: str) -> str:
     return f"parts/{job_id}/"
 
 
+def audio_prefix(job_id: str) -> str:
+    """What every stored output of the job starts with (its file and manifest)."""
+    return f"audio/{job_id}."
+
+
 def audio_object(job_id: str, fmt: str) -> str:
     """Storage key of the finished file."""
-    return f"audio/{job_id}.{fmt}"
+    return f"{audio_prefix(job_id)}{fmt}"
 
 
 def manifest_object(job_id: str) -> str:
     """Storage key of the finished file's manifest (chapters, segment timestamps)."""
-    return f"audio/{job_id}.json"
+    return f"{audio_prefix(job_id)}json"

@@ -77,15 +77,19 @@ class LocalStorage:
         return self._path(key).exists()
 
     def delete_prefix(self, prefix: str) -> int:
+        """Every object whose key starts with ``prefix`` (as on S3): a folder's, or names that begin so."""
         base = self._path(prefix.rstrip("/"))
         if base.is_dir():
             count = sum(1 for p in base.rglob("*") if p.is_file())
             shutil.rmtree(base, ignore_errors=True)
             return count
-        if base.is_file():
-            base.unlink()
-            return 1
-        return 0
+        count = 0
+        if base.parent.is_dir():
+            for path in base.parent.iterdir():
+                if path.is_file() and path.name.startswith(base.name):
+                    path.unlink(missing_ok=True)
+                    count += 1
+        return count
 
     def local_path(self, key: str) -> Path | None:
         path = self._path(key)

@@ -165,7 +165,9 @@ def finalize_failed(rq_job, connection, exc_type, exc_value, traceback) -> None:
     """RQ's failure callback, run after every failed (or abandoned: its worker died) finalize. While
     RQ will retry it, nothing happens; after the last try the narration job fails with the reason."""
     if rq_job.retries_left:
-        log.warning("finalize %s failed (%s); RQ retries it (%d left)", rq_job.id, exc_value, rq_job.retries_left)
+        log.warning(
+            "finalize %s failed (%s); RQ retries it (%d left)", rq_job.id, exc_value, rq_job.retries_left
+        )
         return
     settings = Settings()  # the RQ worker's environment, as for finalize_job
     error = str(exc_value).strip() or getattr(exc_type, "__name__", "an error")

@@ -131,8 +131,14 @@ def tasks_for(job: Job, plan: Plan) -> list[SegmentTask]:
 
 async def submit(store: JobStore, settings: Settings, request: JobRequest) -> Job:
     job, plan = validate(request, settings)
-    await store.create(job, plan, tasks_for(job, plan))
+    await enqueue(store, job, plan)
     return job
+
+
+async def enqueue(store: JobStore, job: Job, plan: Plan) -> None:
+    """Store a validated job and queue its segments (all or nothing); it is created now."""
+    job.created_at = time.time()
+    await store.create(job, plan, tasks_for(job, plan))
 
 
 async def get(store: JobStore, job_id: str) -> Job:

@@ -297,20 +297,23 @@ class JobStore:
         )
         return [(job_id.decode(), at) for job_id, at in raw]
 
-    async def forget_expired(self, created_before: float, count: int = 1000) -> int:
+    async def forget_expired(self, created_before: float, count: int = 1000) -> list[str]:
         """Remove index entries of jobs created before ``created_before`` whose keys expired (their
-        result TTL ran out); returns how many. Younger jobs cannot have expired yet."""
+        result TTL ran out); returns their ids. Younger jobs cannot have expired yet."""
         index = self.names.jobs_index()
-        ids = [i.decode() for i in await self.redis.zrangebyscore(index, "-inf", created_before, start=0, num=count)]
+        ids = [
+            i.decode()
+            for i in await self.redis.zrangebyscore(index, "-inf", created_before, start=0, num=count)
+        ]
         if not ids:
-            return 0
+            return []
         pipe = self.redis.pipeline(transaction=False)
         for job_id in ids:
             pipe.exists(self.names.job(job_id))
         gone = [job_id for job_id, exists in zip(ids, await pipe.execute(), strict=True) if not exists]
         if gone:
             await self.redis.zrem(index, *gone)
-        return len(gone)
+        return gone
 
     async def clear_scratch(self, job_id: str) -> None:
         scratch = self.names.scratch_keys(job_id)

@@ -8,6 +8,7 @@ of an Orpheus checkpoint (NARRATE_ORPHEUS_DIR: the LM + tokenizer, the SNAC code
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,7 +54,24 @@ class ModelSpec:
         return ("speech",) if self.single_stage else ("ar", "decoder")
 
 
+#: What the codec-LM families import (the ``codec`` extra).
+CODEC_MODULES = ("torch", "snac", "safetensors", "tokenizers", "transformers")
+
+
+def codec_unavailable() -> str | None:
+    """Why the codec-LM families cannot run here (None: they can). Cheap: imports nothing."""
+    missing = [m for m in CODEC_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        return (
+            f"it needs the codec extra ({', '.join(missing)} missing): pip install 'narration-fleet[codec]' "
+            "(CPU torch: add --extra-index-url https://download.pytorch.org/whl/cpu)"
+        )
+    return None
+
+
 def _local_checkpoint_problem(setting: str, value: Path | None) -> str | None:
+    if problem := codec_unavailable():
+        return problem
     if value is None:
         return f"{setting} is not set"
     missing = [
@@ -95,6 +113,7 @@ MODELS: dict[str, ModelSpec] = {
             ),
             description="Orpheus layout at test size, random weights from a fixed seed (noise, not speech)",
             locate=_tiny_dir,
+            problem=lambda _settings: codec_unavailable(),
         ),
         ModelSpec(
             name="tiny-llasa",
@@ -113,6 +132,7 @@ MODELS: dict[str, ModelSpec] = {
             ),
             description="Llasa layout at test size (1 code per frame, 50 Hz, 16 kHz), random weights (noise)",
             locate=_tiny_llasa_dir,
+            problem=lambda _settings: codec_unavailable(),
         ),
         ModelSpec(
             name="orpheus",

@@ -4,16 +4,16 @@ narrate file book.md -o book.wav     narrate a text file on embedded defaults (n
 narrate fleet                        API + all workers as child processes (embedded Valkey if no REDIS_URL)
 narrate api | ar-worker | decoder-worker | speech-worker | assembler | finalize-worker
                                      one stage alone, against the Redis in REDIS_URL
-narrate models                       the models and voices this fleet serves
+narrate models                       the models and voices, and which can run here
+narrate clean                        free the embedded data directory (jobs kept with --keep, logs)
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
+import signal
 import sys
-import time
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -21,16 +21,6 @@ from fleet.settings import Settings
 from jobs.audio import FORMATS
 
 log = logging.getLogger("narrate")
-
-
-def _settings_with_redis(settings: Settings, stack: ExitStack) -> Settings:
-    """The settings, with an embedded Valkey started (and stopped with ``stack``) if REDIS_URL is unset."""
-    if settings.redis_url:
-        return settings
-    from narrate.embedded import EmbeddedValkey
-
-    url = stack.enter_context(EmbeddedValkey(settings.data_dir))
-    return settings.model_copy(update={"redis_url": url})
 
 
 # --- single stages -------------------------------------------------------------------------------
@@ -88,28 +78,65 @@ def cmd_finalize_worker(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_models(args: argparse.Namespace, settings: Settings) -> int:
-    from models.registry import served_models
+    """Every model: what it is, its voices, and why it cannot run here if it cannot."""
+    import textwrap
 
-    for spec in served_models(settings).values():
-        default = " (default)" if spec.name == settings.default_model else ""
-        print(f"{spec.name}{default}: {spec.description}")
-        print(f"  voices: {', '.join(spec.family.voices)}; {spec.family.sample_rate} Hz")
+    from models.registry import MODELS
+
+    chosen, _warning = file_model(None, settings)
+    print(f"narrate file uses: {chosen} (choose with --model; NARRATE_MODELS for a fleet: {settings.models})")
+    for spec in MODELS.values():
+        problem = spec.problem(settings)
+        state = f"unavailable: {problem}" if problem else "available"
+        print(f"\n{spec.name}: {spec.description}\n  {state}")
+        if problem:
+            continue
+        f = spec.family
+        voices = ", ".join(f.voices)
+        print(textwrap.fill(f"voices ({len(f.voices)}, default {f.default_voice}): {voices}", 100,
+                            initial_indent="  ", subsequent_indent="    "))  # fmt: skip
+        print(f"  {f.sample_rate} Hz")
         if spec.single_stage:
-            f = spec.family
-            print(f"  variants (<voice>+<variant>): {', '.join(f.variants)}")
-            print(f"  rate {f.rate_range[0]}-{f.rate_range[1]} wpm (default {f.default_rate}); pitch "
-                  f"{f.pitch_range[0]}-{f.pitch_range[1]} (default {f.default_pitch})")  # fmt: skip
+            print(textwrap.fill(f"variants (<voice>+<variant>): {', '.join(f.variants)}", 100,
+                                initial_indent="  ", subsequent_indent="    "))  # fmt: skip
+            print(f"  rate {f.rate_range[0]}-{f.rate_range[1]} words a minute (default {f.default_rate}); "
+                  f"pitch {f.pitch_range[0]}-{f.pitch_range[1]} (default {f.default_pitch})")  # fmt: skip
     return 0
+
+
+def cmd_clean(args: argparse.Namespace, settings: Settings) -> int:
+    from narrate.clean import run
+
+    return run(settings, everything=args.all)
 
 
 # --- the whole fleet -----------------------------------------------------------------------------
 
 
 def cmd_fleet(args: argparse.Namespace, settings: Settings) -> int:
+    """Every stage as a child process until SIGINT, SIGTERM or SIGHUP (a second one kills them)."""
+    from models.registry import UnknownModelError, served_models
+    from narrate.embedded import DataDirBusy, fleet_redis
+    from narrate.signals import StopSignals
     from narrate.supervisor import Supervisor, child_env, fleet_children
 
-    with ExitStack() as stack:
-        settings = _settings_with_redis(settings, stack)
+    try:
+        served_models(settings)  # every model of NARRATE_MODELS can run here, or say why not now
+    except UnknownModelError as exc:
+        print(f"narrate: {exc}", file=sys.stderr)
+        return 2
+    supervisor = None
+
+    def kill_now() -> None:
+        if supervisor is not None:
+            supervisor.kill()
+
+    with StopSignals(on_second=kill_now) as signals, ExitStack() as stack:
+        try:
+            settings, _ = fleet_redis(settings, stack)
+        except DataDirBusy as exc:
+            print(f"narrate: {exc}", file=sys.stderr)
+            return 2
         children = fleet_children(
             api=not args.no_api,
             ar_workers=args.ar_workers,
@@ -124,121 +151,73 @@ def cmd_fleet(args: argparse.Namespace, settings: Settings) -> int:
         stack.callback(supervisor.stop)
         supervisor.start()
         log.info("fleet running (Redis %s); Ctrl-C stops it", settings.redis_url)
-        try:
-            while True:
-                time.sleep(0.5)
-                supervisor.poll()
-        except KeyboardInterrupt:
-            log.info("stopping the fleet")
+        while not signals.event.wait(0.5):
+            supervisor.poll()
+        log.info("stopping the fleet (%s)", signal.Signals(signals.received).name)
     return 0
 
 
-def cmd_file(args: argparse.Namespace, settings: Settings) -> int:
-    """Narrate one text file into one audio file through the same streams and workers as the fleet."""
-    from jobs.errors import InvalidRequest
-    from jobs.service import JobRequest
-    from narrate.supervisor import Supervisor, child_env, fleet_children
-
-    settings = _embedded_model(args, settings)
-    text = Path(args.input).read_text(encoding="utf-8")
-    output = Path(args.output or Path(args.input).with_suffix(f".{args.format}"))
-    request = JobRequest(
-        text=text,
-        title=args.title or Path(args.input).stem,
-        voice=args.voice,
-        model=args.model,
-        format=args.format,
-        sample_rate=args.sample_rate,
-        seed=args.seed,
-        markdown=not args.plain,
-    )
-    with ExitStack() as stack:
-        settings = _settings_with_redis(settings, stack)
-        children = fleet_children(
-            api=False,
-            ar_workers=1,
-            decoders=1,
-            assemblers=1,
-            finalizers=1,
-            models=[settings.default_model],
-            speech_workers=settings.speech_worker_count,
-        )
-        supervisor = Supervisor(children, child_env(settings), log_dir=settings.data_dir / "logs")
-        stack.callback(supervisor.stop)
-        supervisor.start()
-        try:
-            return asyncio.run(_narrate_file(settings, request, output, supervisor))
-        except InvalidRequest as exc:
-            print(f"narrate: {exc}", file=sys.stderr)
-            return 2
-
-
-def _embedded_model(args: argparse.Namespace, settings: Settings) -> Settings:
-    """The model ``narrate file`` uses: --model, else NARRATE_DEFAULT_MODEL, else the eSpeak NG voice
-    when the espeak extra is installed, else ``tiny`` (noise) with a warning. NARRATE_MODELS, when
-    not set, becomes that one model."""
+def file_model(model: str | None, settings: Settings) -> tuple[str, str | None]:
+    """The model ``narrate file`` uses: ``model``, else NARRATE_DEFAULT_MODEL, else the eSpeak NG
+    voice when the espeak extra is installed, else ``tiny`` (noise); and a warning for the last."""
     from models.espeak import unavailable_reason
 
-    model = args.model
     if model is None and "default_model" in settings.model_fields_set:
         model = settings.default_model
-    if model is None:
-        if (reason := unavailable_reason()) is None:
-            model = "espeak"
-        else:
-            model = "tiny"
-            print(
-                f"narrate: warning: {reason}\n"
-                "narrate: narrating with the 'tiny' test model instead: its audio is noise, not speech",
-                file=sys.stderr,
-            )
-    models = settings.models if "models" in settings.model_fields_set else model
-    return settings.model_copy(update={"default_model": model, "models": models})
+    if model is not None:
+        return model, None
+    if (reason := unavailable_reason()) is None:
+        return "espeak", None
+    return "tiny", (
+        f"narrate: warning: {reason}\n"
+        "narrate: narrating with the 'tiny' test model instead: its audio is noise, not speech"
+    )
 
 
-async def _narrate_file(settings: Settings, request, output: Path, supervisor) -> int:
-    from tqdm import tqdm
+def check_model(model: str, settings: Settings) -> None:
+    """``InputError`` unless ``model`` can run here."""
+    from models.registry import MODELS
+    from narrate.file import InputError
 
-    from fleet.redis import async_client
-    from fleet.storage import storage_from_settings
-    from jobs.model import EventType
-    from jobs.service import submit
-    from jobs.store import JobStore
+    if model not in MODELS:
+        raise InputError(f"unknown model {model!r}; known: {', '.join(MODELS)} (see `narrate models`)")
+    if problem := MODELS[model].problem(settings):
+        raise InputError(f"model {model!r} cannot run here: {problem}")
 
-    redis = async_client(settings)
-    store = JobStore.for_settings(redis, settings)
+
+def cmd_file(args: argparse.Namespace, settings: Settings) -> int:
+    """Narrate one text file into one audio file; refuse what cannot work before anything starts."""
+    from jobs.errors import InvalidRequest
+    from jobs.service import JobRequest, validate
+    from narrate.file import FileJob, InputError, output_and_format, read_text_file, run
+
+    source = Path(args.input)
     try:
-        job = await submit(store, settings, request)
-        bar = tqdm(total=job.segments_total, unit="seg", desc=output.name, dynamic_ncols=True)
-        after = "0-0"
-        while True:
-            supervisor.poll()
-            if broken := supervisor.crash_looping():
-                bar.close()
-                logs = settings.data_dir / "logs"
-                print(f"narrate: {', '.join(broken)} keep(s) failing; see {logs}/<name>.log", file=sys.stderr)
-                return 1
-            for event in await store.read_events(job.id, after, block_ms=500):
-                after = event.id
-                if event.type == EventType.SEGMENT:
-                    bar.update(1)
-                elif event.type == EventType.PROGRESS:
-                    bar.set_postfix(audio=f"{event.data['audio_seconds']:.0f}s")
-                elif event.type == EventType.DONE:
-                    bar.close()
-                    done = await store.get(job.id)
-                    output.parent.mkdir(parents=True, exist_ok=True)
-                    await asyncio.to_thread(storage_from_settings(settings).download, done.audio_key, output)
-                    print(
-                        f"{output}: {done.duration_s:.1f} s of audio, {done.segments_total} segments, {done.chapters} chapters"
-                    )
-                    return 0
-                elif event.type.terminal:
-                    bar.close()
-                    print(f"narrate: job {event.type.value}: {event.data.get('error', '')}", file=sys.stderr)
-                    return 1
-    finally:
-        await redis.aclose()
+        text = read_text_file(source, settings.max_text_chars)
+        output, fmt = output_and_format(source, args.output, args.format)
+        model, warning = file_model(args.model, settings)
+        check_model(model, settings)
+        models = settings.models if "models" in settings.model_fields_set else model
+        settings = settings.model_copy(update={"default_model": model, "models": models})
+        request = JobRequest(
+            text=text,
+            title=args.title or source.stem,
+            voice=args.voice,
+            model=model,
+            format=fmt,
+            sample_rate=args.sample_rate,
+            seed=args.seed,
+            markdown=not args.plain,
+            rate=args.rate,
+            pitch=args.pitch,
+        )
+        job, plan = validate(request, settings)
+    except (InputError, InvalidRequest) as exc:
+        print(f"narrate: {exc}", file=sys.stderr)
+        return 2
+    if warning:
+        print(warning, file=sys.stderr)
+    return run(FileJob(job, plan, output, keep=args.keep, manifest=args.manifest), settings)
 
 
 # --- parsing -------------------------------------------------------------------------------------
@@ -248,44 +227,64 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="narrate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("file", help="narrate a text file into an audio file (embedded defaults)")
-    p.add_argument("input", help="a UTF-8 text or Markdown file")
+    p.add_argument("input", help="a UTF-8 text or Markdown file (Markdown headings start chapters)")
     p.add_argument(
-        "-o", "--output", help="audio file to write (default: the input's name with the format's suffix)"
+        "-o",
+        "--output",
+        help="the audio file to write; its extension picks the format (default: the input's name, .wav)",
     )
-    p.add_argument("--title")
-    p.add_argument("--model")
-    p.add_argument("--voice")
-    p.add_argument("--format", default="wav", choices=list(FORMATS))
-    p.add_argument("--sample-rate", type=int)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--format", choices=list(FORMATS), help="the output format, when the file name does not say it"
+    )
+    p.add_argument("--title", help="the book's title (default: the input's file name)")
+    p.add_argument(
+        "--model", help="the model to narrate with (default: espeak if installed; see `narrate models`)"
+    )
+    p.add_argument("--voice", help="a voice of the model (see `narrate models`)")
+    p.add_argument("--rate", type=int, help="speaking rate in words a minute (espeak: 80-450, default 175)")
+    p.add_argument("--pitch", type=int, help="voice pitch (espeak: 0-100, default 50)")
+    p.add_argument("--sample-rate", type=int, help="output sample rate in Hz (default: the model's)")
+    p.add_argument(
+        "--seed", type=int, default=0, help="sampling seed of codec-LM models (same seed, same audio)"
+    )
     p.add_argument("--plain", action="store_true", help="the input is plain text, not Markdown")
+    p.add_argument(
+        "--manifest",
+        action="store_true",
+        help="also write the chapter and sentence times beside the file (.json)",
+    )
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the job and its files in the data directory (`narrate clean` frees them)",
+    )
     p.set_defaults(func=cmd_file)
 
     p = sub.add_parser("fleet", help="run the API and every worker as child processes")
-    p.add_argument("--no-api", action="store_true")
-    p.add_argument("--port", type=int)
-    p.add_argument("--ar-workers", type=int, default=1, help="AR workers per model")
-    p.add_argument("--decoders", type=int, default=1)
-    p.add_argument("--assemblers", type=int, default=1)
-    p.add_argument("--finalizers", type=int, default=1)
+    p.add_argument("--no-api", action="store_true", help="workers only")
+    p.add_argument("--port", type=int, help="the API's port (default: NARRATE_API_PORT, 8000)")
+    p.add_argument("--ar-workers", type=int, default=1, help="AR workers per two-stage model")
+    p.add_argument("--decoders", type=int, default=1, help="decoder workers (two-stage models)")
+    p.add_argument("--assemblers", type=int, default=1, help="assemblers")
+    p.add_argument("--finalizers", type=int, default=1, help="finalize workers (RQ)")
     p.add_argument(
         "--speech-workers",
         type=int,
-        help="speech workers (default: NARRATE_SPEECH_WORKERS or half the cores)",
+        help="speech workers for single-stage models (default: NARRATE_SPEECH_WORKERS or half the cores)",
     )
     p.set_defaults(func=cmd_fleet)
 
     p = sub.add_parser("api", help="the HTTP API")
-    p.add_argument("--host")
-    p.add_argument("--port", type=int)
+    p.add_argument("--host", help="address to listen on (default: NARRATE_API_HOST, 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default: NARRATE_API_PORT, 8000)")
     p.set_defaults(func=cmd_api)
 
     p = sub.add_parser("ar-worker", help="stage 0: an AR (codec LM) worker for one model")
-    p.add_argument("--model")
+    p.add_argument("--model", help="the model (default: the first of NARRATE_MODELS)")
     p.set_defaults(func=cmd_ar_worker)
 
     p = sub.add_parser("decoder-worker", help="stage 1: a codec decoder worker")
@@ -296,15 +295,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models", help="comma separated (default: NARRATE_MODELS)")
     p.set_defaults(func=cmd_speech_worker)
 
-    p = sub.add_parser("assembler", help="assembles segments, publishes progress, queues finalize")
+    p = sub.add_parser("assembler", help="assembles segments, publishes progress, queues finalize, sweeps")
     p.set_defaults(func=cmd_assembler)
 
     p = sub.add_parser("finalize-worker", help="RQ worker running finalize jobs (stitch, encode, upload)")
     p.add_argument("--burst", action="store_true", help="exit when the queue is empty")
     p.set_defaults(func=cmd_finalize_worker)
 
-    p = sub.add_parser("models", help="list the models and voices this fleet serves")
+    p = sub.add_parser("models", help="the models and voices, and which can run here")
     p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("clean", help="free the embedded data directory and say how much")
+    p.add_argument("--all", action="store_true", help="also the Valkey data and the built test models")
+    p.set_defaults(func=cmd_clean)
     return parser
 
 

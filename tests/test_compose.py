@@ -47,7 +47,8 @@ def test_every_cli_command_has_a_service_or_is_local():
     in_compose = {
         s["command"][1] for s in COMPOSE["services"].values() if s.get("command", [None])[0] == "narrate"
     }
-    assert commands - in_compose == {"file", "fleet", "models"}  # the local, all-in-one and listing commands
+    # the local, all-in-one, listing and data-directory commands
+    assert commands - in_compose == {"file", "fleet", "models", "clean"}
 
 
 def test_every_narrate_variable_is_a_setting():

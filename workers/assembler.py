@@ -57,7 +57,9 @@ class Assembler(Stage[AudioChunk]):
     async def _sweep(self) -> None:
         if self.sweeper is None:
             rq = sync_client(self.ctx.settings)
-            self.sweeper = Sweeper(self.ctx.settings, self.ctx.store, rq, self.transport.name)
+            self.sweeper = Sweeper(
+                self.ctx.settings, self.ctx.store, self.ctx.storage, rq, self.transport.name
+            )
         await self.sweeper.run_once()
 
     async def wind_down(self) -> None:

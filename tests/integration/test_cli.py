@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -85,22 +87,77 @@ def test_narrate_file_on_embedded_defaults(tmp_path, tiny_dir):
     assert any((data / "valkey" / "appendonlydir").iterdir())
 
 
-def test_narrate_file_refuses_bad_input(tmp_path, tiny_dir):
-    data = tmp_path / "data"
-    (data / "models").mkdir(parents=True)
-    shutil.copytree(tiny_dir, data / "models" / tiny_dir.name)
-    empty = tmp_path / "empty.md"
-    empty.write_text("   \n", encoding="utf-8")
+def _hide(tmp_path, module: str) -> str:
+    """A PYTHONPATH entry on which ``import module`` fails, as on a machine without it."""
+    fake = tmp_path / f"no-{module}" / module
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(f"raise ImportError('{module} is not installed here')\n")
+    return str(fake.parent)
+
+
+def narrate(tmp_path, *args, env_extra=None, timeout=300):
+    """``narrate ...`` as a process on a data directory of its own (embedded Valkey, no REDIS_URL)."""
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL" and not k.startswith("NARRATE_")}
-    env["NARRATE_DATA_DIR"] = str(data)
-    result = subprocess.run(
-        [sys.executable, "-m", "narrate.cli", "file", str(empty)],
+    env["NARRATE_DATA_DIR"] = str(tmp_path / "data")
+    env.update(env_extra or {})
+    return subprocess.run(
+        [sys.executable, "-m", "narrate.cli", *args],
+        cwd=tmp_path,
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
     )
-    assert result.returncode == 2 and "text is empty" in result.stderr
+
+
+BOOK_MD = "# One\n\nHello there. How are you today?\n\n# Two\n\nFine, thanks. The end."
+
+
+def test_the_espeak_path_imports_no_torch_and_keeps_no_copy(tmp_path):
+    """The README's path with torch made unimportable in every process of the tree: it still speaks;
+    the format follows the extension; the summary says where everything is; the data directory
+    keeps no copy of the book."""
+    require(unavailable_reason() is None, f"eSpeak NG: {unavailable_reason()}")
+    (tmp_path / "book.md").write_text(BOOK_MD, encoding="utf-8")
+    hide = os.pathsep.join([_hide(tmp_path, "torch"), os.environ.get("PYTHONPATH", "")])
+    result = narrate(
+        tmp_path, "file", "book.md", "-o", "out/book.flac", "--manifest", env_extra={"PYTHONPATH": hide}
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    info = sf.info(tmp_path / "out" / "book.flac")
+    assert info.format == "FLAC" and info.samplerate == 22050
+    manifest = json.loads((tmp_path / "out" / "book.json").read_text())
+    assert [c["title"] for c in manifest["chapters"]] == ["One", "Two"]
+    assert f"out/book.flac: 0:{round(info.duration):02d} of audio ({info.duration:.1f} s)" in result.stdout
+    assert "manifest (chapters, sentence times): out/book.json" in result.stdout
+    # the progress bar's last audio figure (pauses included) is the file's duration
+    assert f"0:{round(info.duration):02d} of audio" in result.stderr.rsplit("narrating", 1)[-1]
+    stored = [p for p in (tmp_path / "data" / "storage").rglob("*") if p.is_file()]
+    assert stored == [], stored
+
+
+def test_keep_then_clean_frees_the_data_directory(tmp_path):
+    require(unavailable_reason() is None, f"eSpeak NG: {unavailable_reason()}")
+    (tmp_path / "book.md").write_text(BOOK_MD, encoding="utf-8")
+    kept = narrate(tmp_path, "file", "book.md", "--keep")
+    assert kept.returncode == 0, kept.stderr
+    stored = [p for p in (tmp_path / "data" / "storage").rglob("*") if p.is_file()]
+    assert sorted(p.suffix for p in stored) == [".json", ".wav"]
+    assert "kept in the data directory as job" in kept.stdout and "narrate clean" in kept.stdout
+    cleaned = narrate(tmp_path, "clean")
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert re.search(r"freed \d+(\.\d)? (KB|MB) in .*data: 1 job\(s\)", cleaned.stdout), cleaned.stdout
+    assert not [p for p in (tmp_path / "data" / "storage").rglob("*") if p.is_file()]
+    assert not (tmp_path / "data" / "logs").exists()
+
+
+def test_rate_and_pitch_reach_the_voice(tmp_path):
+    require(unavailable_reason() is None, f"eSpeak NG: {unavailable_reason()}")
+    (tmp_path / "book.md").write_text("A sentence that takes a while to say out loud.", encoding="utf-8")
+    slow = narrate(tmp_path, "file", "book.md", "-o", "slow.wav", "--rate", "100", "--pitch", "20")
+    fast = narrate(tmp_path, "file", "book.md", "-o", "fast.wav", "--rate", "300", "--pitch", "80")
+    assert slow.returncode == fast.returncode == 0, slow.stderr + fast.stderr
+    assert sf.info(tmp_path / "slow.wav").duration > 1.8 * sf.info(tmp_path / "fast.wav").duration
 
 
 def test_narrate_fleet_runs_every_stage_as_children(redis_url, data_dir, tiny_dir, tmp_path):

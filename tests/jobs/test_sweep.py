@@ -13,6 +13,7 @@ from rq.job import Job as RQJob
 
 from fleet.names import Names
 from fleet.settings import Settings
+from fleet.storage import LocalStorage
 from jobs.finalize import enqueue_finalize, finalize_rq_id
 from jobs.model import JobStatus
 from jobs.service import JobRequest, submit
@@ -26,7 +27,7 @@ def sweep(tmp_path):
     server = fakeredis.FakeServer()
     aio, rq = fakeredis.FakeAsyncRedis(server=server), fakeredis.FakeRedis(server=server)
     store = JobStore(aio, Names("t"), events_maxlen=1000, result_ttl_s=settings.result_ttl_s)
-    return settings, store, rq
+    return settings, store, LocalStorage(tmp_path / "storage"), rq
 
 
 async def finalizing_job(store, settings, marked_ago: float) -> str:
@@ -37,12 +38,12 @@ async def finalizing_job(store, settings, marked_ago: float) -> str:
 
 
 def test_a_lost_finalize_is_queued_again(sweep):
-    settings, store, rq = sweep
+    settings, store, storage, rq = sweep
 
     async def main():
         lost = await finalizing_job(store, settings, marked_ago=60)
         recent = await finalizing_job(store, settings, marked_ago=1)  # within the interval: not yet
-        report = await Sweeper(settings, store, rq, "me").sweep()
+        report = await Sweeper(settings, store, storage, rq, "me").sweep()
         return lost, recent, report
 
     lost, recent, report = asyncio.run(main())
@@ -52,7 +53,7 @@ def test_a_lost_finalize_is_queued_again(sweep):
 
 
 def test_a_finalize_rq_gave_up_on_fails_its_job(sweep):
-    settings, store, rq = sweep
+    settings, store, storage, rq = sweep
 
     async def main():
         job_id = await finalizing_job(store, settings, marked_ago=60)
@@ -61,7 +62,7 @@ def test_a_finalize_rq_gave_up_on_fails_its_job(sweep):
         from rq.job import JobStatus as RQStatus
 
         rq_job.set_status(RQStatus.FAILED)
-        report = await Sweeper(settings, store, rq, "me").sweep()
+        report = await Sweeper(settings, store, storage, rq, "me").sweep()
         return job_id, report, await store.get(job_id), await store.redis.zcard(store.names.finalizing())
 
     job_id, report, job, marked = asyncio.run(main())
@@ -70,10 +71,10 @@ def test_a_finalize_rq_gave_up_on_fails_its_job(sweep):
 
 
 def test_a_finalize_past_every_deadline_fails_its_job_and_ended_jobs_leave_the_set(sweep):
-    settings, store, rq = sweep
+    settings, store, storage, rq = sweep
 
     async def main():
-        sweeper = Sweeper(settings, store, rq, "me")
+        sweeper = Sweeper(settings, store, storage, rq, "me")
         stuck = await finalizing_job(store, settings, marked_ago=sweeper.finalize_deadline_s() + 1)
         enqueue_finalize(settings, stuck, rq)  # queued (or running) all along
         ended = await finalizing_job(store, settings, marked_ago=60)
@@ -85,8 +86,8 @@ def test_a_finalize_past_every_deadline_fails_its_job_and_ended_jobs_leave_the_s
     assert report.failed == [stuck] and "did not finish within" in job.error and marked == 0
 
 
-def test_expired_jobs_leave_the_index(sweep):
-    settings, store, rq = sweep
+def test_expired_jobs_leave_the_index_and_storage(sweep):
+    settings, store, storage, rq = sweep
 
     async def main():
         old = await submit(store, settings, JobRequest(text="Old."))
@@ -95,19 +96,30 @@ def test_expired_jobs_leave_the_index(sweep):
         long_ago = time.time() - settings.result_ttl_s - 10
         await store.redis.zadd(index, {old.id: long_ago, kept.id: long_ago})
         await store.redis.delete(*store.names.job_keys(old.id))  # its keys expired
-        report = await Sweeper(settings, store, rq, "me").sweep()
+        for key in (
+            f"audio/{old.id}.wav",
+            f"audio/{old.id}.json",
+            f"parts/{old.id}/000000-1.pcm",
+            f"audio/{kept.id}.wav",
+        ):
+            storage.put_bytes(key, b"x")
+        report = await Sweeper(settings, store, storage, rq, "me").sweep()
         return old.id, kept.id, report, await store.redis.zrange(index, 0, -1)
 
     old, kept, report, index = asyncio.run(main())
     assert report.expired == 1 and index == [kept.encode()]
+    assert not any(
+        storage.exists(k) for k in (f"audio/{old}.wav", f"audio/{old}.json", f"parts/{old}/000000-1.pcm")
+    )
+    assert storage.exists(f"audio/{kept}.wav")  # the retention is the job's keys' lifetime
 
 
 def test_one_sweeper_per_interval(sweep):
-    settings, store, rq = sweep
+    settings, store, storage, rq = sweep
 
     async def main():
-        first = await Sweeper(settings, store, rq, "a").run_once()
-        second = await Sweeper(settings, store, rq, "b").run_once()
+        first = await Sweeper(settings, store, storage, rq, "a").run_once()
+        second = await Sweeper(settings, store, storage, rq, "b").run_once()
         return first, second
 
     first, second = asyncio.run(main())
@@ -120,6 +132,7 @@ def test_dead_consumers_leave_their_groups_but_never_with_entries(redis_url, key
     import redis.asyncio as aioredis
 
     settings = Settings(redis_url=redis_url, key_prefix=key_prefix, data_dir=tmp_path, consumer_forget_s=0.2)
+    storage = LocalStorage(tmp_path / "storage")
 
     async def main():
         client = aioredis.from_url(redis_url)
@@ -132,9 +145,9 @@ def test_dead_consumers_leave_their_groups_but_never_with_entries(redis_url, key
         for name in (b"dead", b"live"):
             if name == b"live":
                 await asyncio.sleep(0.4)  # "dead" has done nothing since
-            (_, [(entry_id, _)]), = await client.xreadgroup("assembler", name, {stream: ">"}, count=1)
+            ((_, [(entry_id, _)]),) = await client.xreadgroup("assembler", name, {stream: ">"}, count=1)
             await client.xack(stream, "assembler", entry_id)
-        report = await Sweeper(settings, store, None, "me").sweep()
+        report = await Sweeper(settings, store, storage, None, "me").sweep()
         left = sorted(c["name"] for c in await client.xinfo_consumers(stream, "assembler"))
         await client.aclose()
         return report, left

@@ -1,0 +1,110 @@
+"""What ``narrate file`` refuses before anything starts: one line on stderr, exit code 2, and no
+process, no Valkey, not even a data directory (in-process, milliseconds)."""
+
+from __future__ import annotations
+
+import pytest
+
+from narrate.cli import main
+from narrate.file import InputError, output_and_format
+
+BOOK = "# One\n\nHello there. How are you?\n"
+
+
+@pytest.fixture
+def narrate(tmp_path, monkeypatch, capsys):
+    """Run ``narrate file ...`` in-process; returns (exit code, stderr, whether a data dir appeared)."""
+    data = tmp_path / "data"
+    monkeypatch.setenv("NARRATE_DATA_DIR", str(data))
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.chdir(tmp_path)
+
+    def run(*args: str):
+        code = main(["file", *args])
+        return code, capsys.readouterr().err, data.exists()
+
+    return run
+
+
+def write(tmp_path, name, content: bytes | str):
+    path = tmp_path / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "says"),
+    [
+        ("missing.md", None, "missing.md: no such file"),
+        ("folder", "dir", "folder: is a directory, not a text file"),
+        ("empty.md", "  \n\t\n", "empty.md: is empty: there is nothing to narrate"),
+        (
+            "picture.md",
+            b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR",
+            "picture.md: looks like a binary file, not text",
+        ),
+        (
+            "latin1.txt",
+            "Caf\xe9 cr\xe8me".encode("latin-1"),
+            "latin1.txt: is not UTF-8 text (byte 0xe9 at offset 3)",
+        ),
+        ("code.md", "```\nonly code\n```\n", "text has nothing to narrate"),
+    ],
+)
+def test_bad_input_files_are_one_line_and_exit_2_before_anything_starts(
+    narrate, tmp_path, name, content, says
+):
+    if content == "dir":
+        (tmp_path / name).mkdir()
+        path = str(tmp_path / name)
+    elif content is None:
+        path = str(tmp_path / name)
+    else:
+        path = write(tmp_path, name, content)
+    code, err, started = narrate(path)
+    assert code == 2 and says in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not started  # no data directory: nothing was started
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["-o", "book.flac", "--format", "wav"], "book.flac: the extension says flac but --format says wav"),
+        (
+            ["-o", "book.mp4"],
+            "book.mp4: cannot tell the format from .mp4; name the file .wav or .flac, or say --format",
+        ),
+        (["--voice", "nobody"], "unknown voice 'nobody'"),
+        (["--rate", "5"], "rate"),
+        (["--model", "nothing"], "unknown model 'nothing'"),
+    ],
+)
+def test_contradictions_and_unknown_choices_exit_2_before_anything_starts(narrate, tmp_path, args, says):
+    code, err, started = narrate(write(tmp_path, "book.md", BOOK), *args)
+    assert code == 2 and says in err and not started, err
+
+
+def test_the_format_follows_the_output_extension(tmp_path):
+    src = tmp_path / "book.md"
+    assert output_and_format(src, "out/book.flac", None) == (tmp_path.__class__("out/book.flac"), "flac")
+    assert output_and_format(src, "book.FLAC", "flac")[1] == "flac"
+    assert output_and_format(src, None, "flac") == (tmp_path / "book.flac", "flac")
+    assert output_and_format(src, None, None) == (tmp_path / "book.wav", "wav")
+    assert output_and_format(src, "book.audio", "wav")[1] == "wav"  # an unknown extension, said explicitly
+    with pytest.raises(InputError, match="is the input file"):
+        output_and_format(src, str(src), "wav")
+
+
+def test_every_option_has_help(capsys):
+    from narrate.cli import build_parser
+
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if a.dest == "command").choices
+    missing = [
+        f"{name} {action.option_strings or action.dest}"
+        for name, sub in subparsers.items()
+        for action in sub._actions
+        if action.dest != "help" and not action.help
+    ]
+    assert missing == []
