@@ -14,12 +14,16 @@ import redis.asyncio as aioredis
 from fastapi import FastAPI
 
 from api import errors
+from api.limits import BodyLimit, max_body_bytes
+from api.links import LinkSigner, link_secret
 from api.routes import router
 from api.state import AppState
 from fleet.redis import async_client, sync_client
 from fleet.settings import Settings
 from fleet.storage import storage_from_settings
+from jobs.quotas import RateQuotas
 from jobs.store import JobStore
+from jobs.tenants import TenantStore
 
 
 def create_app(
@@ -35,7 +39,11 @@ def create_app(
         client = redis_client if redis_client is not None else async_client(settings)
         rq = rq_client if rq_client is not None else sync_client(settings)
         store = JobStore.for_settings(client, settings)
-        app.state.fleet = AppState(settings, store, storage_from_settings(settings), rq)
+        signer = LinkSigner(await link_secret(client, store.names, settings.link_secret), settings.link_ttl_s)
+        tenants, quotas = TenantStore(client, store.names), RateQuotas(client, store.names)
+        app.state.fleet = AppState(
+            settings, store, storage_from_settings(settings), rq, tenants, quotas, signer
+        )
         try:
             yield
         finally:
@@ -52,4 +60,7 @@ def create_app(
     )
     errors.install(app)
     app.include_router(router)
+    app.add_middleware(
+        BodyLimit, max_bytes=settings.max_body_bytes or max_body_bytes(settings.max_text_chars)
+    )
     return app

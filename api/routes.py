@@ -1,78 +1,169 @@
 """The HTTP API's routes: validate, call the job service, read job state, stream events.
 
-Module-level routes on one router (Starlette's shape); their state comes from ``app_state``, their
-errors from the domain (jobs/errors.py), which api/errors.py maps to statuses.
+Module-level routes on one router (Starlette's shape); their state comes from ``app_state``, who they
+act for from ``caller`` (a key) or ``caller_or_link`` (a key or a signed link), their errors from the
+domain (jobs/errors.py), which api/errors.py maps to statuses. Another tenant's job is a 404 on
+every route.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import re
 import time
 
-from fastapi import APIRouter, Depends, Header, Query
-from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
+from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
+from pydantic import ValidationError
 from sse_starlette import EventSourceResponse
 
-from api.schemas import JobAccepted, JobCreate, JobView, ModelView, Problem
-from api.sse import event_stream, resume_point
+from api.auth import caller, caller_or_link
+from api.limits import require_json
+from api.schemas import JobAccepted, JobCreate, JobList, JobView, Links, ModelView, Problem
+from api.sse import check_resume, event_stream, resume_point
 from api.state import AppState, app_state
 from fleet.readiness import live_counts
 from jobs import service
 from jobs.audio import FORMATS
 from jobs.errors import JobNotFound, NotReady
-from jobs.model import JobStatus
+from jobs.idempotency import Idempotency
+from jobs.model import Job, JobStatus
+from jobs.tenants import Principal
 from models.registry import served_models
 
 router = APIRouter()
+#: The job body's schema, for the OpenAPI document (the route parses the body itself, in a thread).
+JOB_CREATE = JobCreate.model_json_schema(ref_template="#/components/schemas/{model}")
 
 State = Depends(app_state)
+Caller = Depends(caller)
+#: Statuses a route may answer with when the caller is refused (documented on every route).
+AUTH = {401: {"model": Problem}, 429: {"model": Problem}}
 
 
-@router.get("/health")
+def links(st: AppState, job: Job) -> Links:
+    return Links.of(job.id, {kind: st.signer.token(job.id, kind) for kind in ("events", "audio")})
+
+
+@router.api_route("/health", methods=["GET", "HEAD"])
 async def health(st: AppState = State) -> dict:
     await st.store.redis.ping()
     return {"status": "ok"}
 
 
-@router.get("/v1/models", response_model=list[ModelView])
-async def list_models(st: AppState = State) -> list[ModelView]:
+@router.api_route("/v1/models", methods=["GET", "HEAD"], response_model=list[ModelView], responses=AUTH)
+async def list_models(st: AppState = State, _: Principal = Caller) -> list[ModelView]:
     specs = list(served_models(st.settings).values())
     wanted = [(kind, spec.name) for spec in specs for kind in spec.worker_kinds]
     live = await live_counts(st.store.redis, st.store.names, wanted, st.settings.heartbeat_s)
     return [ModelView.of(spec, st.settings, live) for spec in specs]
 
 
+def _read_job(raw: bytes, tenant: str, settings, max_text_chars: int):
+    """The body as a job and its plan: JSON parsing, validation and segmentation, which for a whole
+    book take long enough that they run in a thread, never on the event loop."""
+    try:  # Python's parser: it keeps a lone surrogate (valid JSON), so validation can say what it is
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise RequestValidationError([{"type": "json_invalid", "loc": ("body",), "msg": "invalid JSON"}]) from None
+    try:
+        body = JobCreate.model_validate(data)
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors(include_url=False, include_input=False)) from None
+    return service.validate(body.to_request(tenant), settings, max_text_chars)
+
+
 @router.post(
     "/v1/jobs",
     status_code=202,
     response_model=JobAccepted,
-    responses={413: {"model": Problem}, 422: {"model": Problem}},
+    responses={
+        **AUTH,
+        400: {"model": Problem},
+        413: {"model": Problem},
+        415: {"model": Problem},
+        422: {"model": Problem},
+    },
+    dependencies=[Depends(require_json)],
+    openapi_extra={
+        "requestBody": {"required": True, "content": {"application/json": {"schema": JOB_CREATE}}}
+    },
 )
-async def create_job(body: JobCreate, st: AppState = State) -> JobAccepted:
-    job = await service.submit(st.store, st.settings, body.to_request())
-    return JobAccepted.of(job)
+async def create_job(
+    request: Request,
+    st: AppState = State,
+    who: Principal = Caller,
+    idempotency_key: str | None = Header(
+        default=None, description="Retrying with the same key returns the same job (24 h); another body: 422."
+    ),
+) -> JobAccepted:
+    limits = await st.limits(who.tenant)
+    raw = await request.body()
+    job, plan = await asyncio.to_thread(_read_job, raw, who.tenant, st.settings, limits.max_text_chars)
+    claim = None
+    if idempotency_key is not None:
+        claim = Idempotency(st.store.redis, st.store.names, who.tenant, idempotency_key, raw)
+        if (earlier := await claim.claim()) is not None:
+            return JobAccepted.of(existing := await service.get(st.store, earlier, who), links(st, existing))
+    try:  # 1) a job slot, 2) the day's characters (a refused job spends none), 3) store and queue
+        await service.reserve_slot(st.store, job, limits.concurrent_jobs)
+        await st.quotas.characters(who.tenant, limits.chars_per_day, job.text_chars)
+        await service.enqueue(st.store, job, plan)
+    except BaseException:
+        await st.store.release_job_slot(job.tenant, job.id)
+        if claim is not None:
+            await claim.release()
+        raise
+    if claim is not None:
+        await claim.bind(job.id)
+    return JobAccepted.of(job, links(st, job))
 
 
-@router.get("/v1/jobs/{job_id}", response_model=JobView, responses={404: {"model": Problem}})
-async def get_job(job_id: str, st: AppState = State) -> JobView:
-    return JobView.of(await service.get(st.store, job_id))
+@router.api_route("/v1/jobs", methods=["GET", "HEAD"], response_model=JobList, responses=AUTH)
+async def list_jobs(
+    st: AppState = State,
+    who: Principal = Caller,
+    status: JobStatus | None = Query(default=None, description="Only jobs in this state."),
+    cursor: str | None = Query(default=None, max_length=200, description="next_cursor of the previous page."),
+    limit: int = Query(default=50, ge=1, le=500),
+    tenant: str | None = Query(default=None, max_length=63, description="Admin keys: one tenant's jobs."),
+) -> JobList:
+    page = await service.list_jobs(st.store, who, status=status, tenant=tenant, cursor=cursor, limit=limit)
+    return JobList(jobs=[JobView.of(job, links(st, job)) for job in page.jobs], next_cursor=page.next_cursor)
 
 
-@router.delete("/v1/jobs/{job_id}", response_model=JobView, responses={404: {"model": Problem}})
-async def delete_job(job_id: str, st: AppState = State) -> JSONResponse:
+@router.api_route(
+    "/v1/jobs/{job_id}",
+    methods=["GET", "HEAD"],
+    response_model=JobView,
+    responses={**AUTH, 404: {"model": Problem}},
+)
+async def get_job(job_id: str, st: AppState = State, who: Principal = Caller) -> JobView:
+    job = await service.get(st.store, job_id, who)
+    return JobView.of(job, links(st, job))
+
+
+@router.delete("/v1/jobs/{job_id}", response_model=JobView, responses={**AUTH, 404: {"model": Problem}})
+async def delete_job(job_id: str, st: AppState = State, who: Principal = Caller) -> JSONResponse:
     """Cancel the job if it is still going, then delete it: its keys, its file, its parts. Answers
     the job's last state: 202 if it was cancelled (workers let go of it within moments), 200 if it
     had already ended. Afterwards the job is unknown (404)."""
-    job = await service.get(st.store, job_id)
+    job = await service.get(st.store, job_id, who)
+    status = 200
     if await service.delete(st.store, st.storage, st.settings, job, st.rq):
-        job.status, job.finished_at = JobStatus.CANCELLED, time.time()
-        return JSONResponse(JobView.of(job).model_dump(), status_code=202)
-    return JSONResponse(JobView.of(job).model_dump(), status_code=200)
+        job.status, job.finished_at, status = JobStatus.CANCELLED, time.time(), 202
+    return JSONResponse(JobView.of(job, Links.of(job.id)).model_dump(), status_code=status)
 
 
-@router.get("/v1/jobs/{job_id}/audio", responses={404: {"model": Problem}, 409: {"model": Problem}, 307: {}})
-async def get_audio(job_id: str, st: AppState = State):
-    job = await service.get(st.store, job_id)
+@router.api_route(
+    "/v1/jobs/{job_id}/audio",
+    methods=["GET", "HEAD"],
+    responses={**AUTH, 404: {"model": Problem}, 409: {"model": Problem}, 307: {}},
+)
+async def get_audio(job_id: str, st: AppState = State, who: Principal = Depends(caller_or_link("audio"))):
+    job = await service.get(st.store, job_id, who)
     if job.status != JobStatus.DONE:
         raise NotReady(f"job {job_id} is {job.status.value}; its audio exists once it is done")
     filename = f"{_safe_name(job.title) or job.id}.{job.format}"
@@ -85,10 +176,16 @@ async def get_audio(job_id: str, st: AppState = State):
     return FileResponse(path, media_type=FORMATS[job.format][2], filename=filename)
 
 
-@router.get("/v1/jobs/{job_id}/events", responses={404: {"model": Problem}, 400: {"model": Problem}})
+@router.api_route(
+    "/v1/jobs/{job_id}/events",
+    methods=["GET", "HEAD"],
+    responses={**AUTH, 404: {"model": Problem}, 400: {"model": Problem}},
+)
 async def job_events(
     job_id: str,
+    request: Request,
     st: AppState = State,
+    who: Principal = Depends(caller_or_link("events")),
     last_event_id: str | None = Header(
         default=None, description="Resume after this event id (sent by browsers)."
     ),
@@ -96,8 +193,11 @@ async def job_events(
         default=None, description="Resume after this event id (for clients without headers)."
     ),
 ) -> EventSourceResponse:
-    await service.get(st.store, job_id)
+    await service.get(st.store, job_id, who)
     resume = resume_point(last_event_id, after)
+    await check_resume(st.store, job_id, resume)
+    if request.method == "HEAD":
+        return Response(media_type="text/event-stream")
     return EventSourceResponse(event_stream(st.store, job_id, resume), ping=st.settings.sse_ping_s)
 
 

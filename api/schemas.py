@@ -17,6 +17,7 @@ from models.registry import ModelSpec
 class JobCreate(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
+        strict=True,  # "5" is not an integer, true is not a number
         json_schema_extra={
             "examples": [
                 {
@@ -31,13 +32,17 @@ class JobCreate(BaseModel):
     text: str = Field(description="The text to narrate: plain text or Markdown (headings start chapters).")
     title: str | None = Field(default=None, max_length=500)
     voice: str | None = Field(
-        default=None, description="A voice of the model (GET /v1/models); default: the model's."
+        default=None,
+        max_length=100,
+        description="A voice of the model (GET /v1/models); default: the model's.",
     )
     model: str | None = Field(
-        default=None, description="A model this fleet serves; default: the fleet's default."
+        default=None, max_length=100, description="A model this fleet serves; default: the fleet's default."
     )
-    format: str = Field(default="wav", description=f"Output format: {', '.join(FORMATS)}.")
-    sample_rate: int | None = Field(default=None, description="Output sample rate; default: the model's.")
+    format: str = Field(default="wav", max_length=20, description=f"Output format: {', '.join(FORMATS)}.")
+    sample_rate: int | None = Field(
+        default=None, gt=0, description="Output sample rate; default: the model's."
+    )
     seed: int = Field(
         default=0,
         ge=0,
@@ -50,8 +55,9 @@ class JobCreate(BaseModel):
     )
     pitch: int | None = Field(default=None, description="Pitch 0-100 (single-stage models, e.g. espeak).")
 
-    def to_request(self) -> JobRequest:
+    def to_request(self, tenant: str) -> JobRequest:
         return JobRequest(
+            tenant=tenant,
             text=self.text,
             title=self.title,
             voice=self.voice,
@@ -67,13 +73,21 @@ class JobCreate(BaseModel):
 
 class Links(BaseModel):
     self: str
-    events: str
-    audio: str
+    events: str = Field(description="SSE; its token lets a browser's EventSource in without a header.")
+    audio: str = Field(
+        description="The finished file; its token lets an <audio> element in without a header."
+    )
 
     @classmethod
-    def of(cls, job_id: str) -> Links:
+    def of(cls, job_id: str, tokens: dict[str, str] | None = None) -> Links:
+        """The job's links; ``tokens`` (kind -> signed token) are added to the events and audio links."""
         base = f"/v1/jobs/{job_id}"
-        return cls(self=base, events=f"{base}/events", audio=f"{base}/audio")
+        tokens = tokens or {}
+
+        def link(kind: str) -> str:
+            return f"{base}/{kind}" + (f"?token={tokens[kind]}" if kind in tokens else "")
+
+        return cls(self=base, events=link("events"), audio=link("audio"))
 
 
 class JobAccepted(BaseModel):
@@ -84,18 +98,19 @@ class JobAccepted(BaseModel):
     links: Links
 
     @classmethod
-    def of(cls, job: Job) -> JobAccepted:
+    def of(cls, job: Job, links: Links) -> JobAccepted:
         return cls(
             id=job.id,
             status=job.status.value,
             segments_total=job.segments_total,
             chapters=job.chapters,
-            links=Links.of(job.id),
+            links=links,
         )
 
 
 class JobView(BaseModel):
     id: str
+    tenant: str
     status: str
     title: str
     model: str
@@ -123,9 +138,10 @@ class JobView(BaseModel):
     links: Links
 
     @classmethod
-    def of(cls, job: Job) -> JobView:
+    def of(cls, job: Job, links: Links) -> JobView:
         return cls(
             id=job.id,
+            tenant=job.tenant,
             status=job.status.value,
             title=job.title,
             model=job.model,
@@ -145,8 +161,13 @@ class JobView(BaseModel):
             created_at=job.created_at,
             started_at=job.started_at or None,
             finished_at=job.finished_at or None,
-            links=Links.of(job.id),
+            links=links,
         )
+
+
+class JobList(BaseModel):
+    jobs: list[JobView]
+    next_cursor: str | None = Field(description="Pass as ?cursor= for the next page; null on the last page.")
 
 
 class ModelView(BaseModel):

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import redis
 from fastapi import Request
 
+from api.links import LinkSigner
 from fleet.settings import Settings
 from fleet.storage import Storage
+from jobs.quotas import RateQuotas
 from jobs.store import JobStore
+from jobs.tenants import Limits, TenantStore
+
+#: How long a tenant's limits are cached by one API process, seconds (a change takes this long).
+LIMITS_CACHE_S = 5.0
 
 
 @dataclass
@@ -19,6 +26,19 @@ class AppState:
     storage: Storage
     #: RQ's connection (synchronous, no decoded responses): forgetting a deleted job's finalize.
     rq: redis.Redis
+    tenants: TenantStore
+    quotas: RateQuotas
+    signer: LinkSigner
+    _limits: dict[str, tuple[float, Limits]] = field(default_factory=dict)
+
+    async def limits(self, tenant: str) -> Limits:
+        """The tenant's limits, resolved against the settings (cached briefly)."""
+        now = time.monotonic()
+        cached = self._limits.get(tenant)
+        if cached is None or now - cached[0] > LIMITS_CACHE_S:
+            limits = (await self.tenants.tenant(tenant)).limits.resolved(self.settings)
+            self._limits[tenant] = cached = (now, limits)
+        return cached[1]
 
 
 def app_state(request: Request) -> AppState:

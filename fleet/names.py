@@ -46,6 +46,40 @@ class Names:
         ("ar", "decoder", "speech") and model. Members older than 3 heartbeats are dead."""
         return f"{self.prefix}:live:{kind}:{model}"
 
+    # --- tenants and keys ------------------------------------------------------------------------
+    def api_keys(self) -> str:
+        """Hash: SHA-256 of an API key -> JSON {tenant, admin, label, created_at} (jobs/tenants.py)."""
+        return f"{self.prefix}:keys"
+
+    def tenants(self) -> str:
+        """Set of tenant names."""
+        return f"{self.prefix}:tenants"
+
+    def tenant(self, tenant: str) -> str:
+        """Hash: a tenant's limits (jobs.tenants.Limits fields; absent: the fleet's default), created_at."""
+        return f"{self.prefix}:tenant:{{{tenant}}}"
+
+    def tenant_jobs(self, tenant: str) -> str:
+        """Sorted set: the tenant's job ids -> creation time (GET /v1/jobs)."""
+        return f"{self.tenant(tenant)}:jobs"
+
+    def tenant_active(self, tenant: str) -> str:
+        """Set: the tenant's jobs not yet ended (its concurrent-jobs limit)."""
+        return f"{self.tenant(tenant)}:active"
+
+    def idempotency(self, tenant: str, key_digest: str) -> str:
+        """String (24 h): what an Idempotency-Key of the tenant created: "pending:<body hash>" or
+        "job:<job id>:<body hash>"."""
+        return f"{self.tenant(tenant)}:idem:{key_digest}"
+
+    def rate_limits(self) -> str:
+        """Key prefix of the rate limiter's counters (the ``limits`` library keeps its own keys under it)."""
+        return f"{self.prefix}:limits"
+
+    def link_secret(self) -> str:
+        """String: the secret that signs short-lived links (events, audio) when none is configured."""
+        return f"{self.prefix}:link-secret"
+
     # --- jobs ----------------------------------------------------------------------------------
     def jobs_index(self) -> str:
         """Sorted set: job id -> creation time (unix seconds)."""
@@ -113,25 +147,40 @@ class Names:
 # --- storage object keys ---------------------------------------------------------------------------
 
 
-def part_object(job_id: str, segment: int, attempt: int) -> str:
-    """Storage key of one assembled segment (raw PCM int16 mono at the model's rate)."""
-    return f"parts/{job_id}/{segment:06d}-{attempt}.pcm"
+@dataclass(frozen=True)
+class JobObjects:
+    """Storage keys of one job's objects, under its tenant's prefix: ``tenants/<tenant>/...``."""
 
+    tenant: str
+    job_id: str
 
-def parts_prefix(job_id: str) -> str:
-    return f"parts/{job_id}/"
+    @property
+    def root(self) -> str:
+        return f"tenants/{self.tenant}/"
 
+    def part(self, segment: int, attempt: int) -> str:
+        """One assembled segment (raw PCM int16 mono at the model's rate)."""
+        return f"{self.parts_prefix}{segment:06d}-{attempt}.pcm"
 
-def audio_prefix(job_id: str) -> str:
-    """What every stored output of the job starts with (its file and manifest)."""
-    return f"audio/{job_id}."
+    @property
+    def parts_prefix(self) -> str:
+        return f"{self.root}parts/{self.job_id}/"
 
+    @property
+    def outputs_prefix(self) -> str:
+        """What every finished output of the job starts with (its file and manifest)."""
+        return f"{self.root}audio/{self.job_id}."
 
-def audio_object(job_id: str, fmt: str) -> str:
-    """Storage key of the finished file."""
-    return f"{audio_prefix(job_id)}{fmt}"
+    def audio(self, fmt: str) -> str:
+        """The finished file."""
+        return f"{self.outputs_prefix}{fmt}"
 
+    @property
+    def manifest(self) -> str:
+        """The finished file's manifest (chapters, segment timestamps)."""
+        return f"{self.outputs_prefix}json"
 
-def manifest_object(job_id: str) -> str:
-    """Storage key of the finished file's manifest (chapters, segment timestamps)."""
-    return f"{audio_prefix(job_id)}json"
+    @property
+    def prefixes(self) -> tuple[str, str]:
+        """Everything the job has in storage."""
+        return self.parts_prefix, self.outputs_prefix

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -50,6 +51,8 @@ class Settings(BaseSettings):
 
     # --- input limits and segmentation -------------------------------------------------------
     max_text_chars: int = 2_000_000
+    #: The largest request body the API reads, bytes; 0: what a text of max_text_chars can need as JSON.
+    max_body_bytes: int = Field(default=0, ge=0)
     #: Sentences longer than this are split at clause boundaries (characters).
     max_segment_chars: int = 300
 
@@ -160,6 +163,21 @@ class Settings(BaseSettings):
     #: The sweep deletes a stream consumer that holds nothing and has not read for this long (a
     #: dead worker's name), seconds.
     consumer_forget_s: float = Field(default=3600.0, gt=0)
+
+    # --- tenants, keys, limits (api/auth.py, jobs/tenants.py) ------------------------------------
+    #: "auto": API keys are required once any exists (before that, requests without one act as the
+    #: tenant "default", and the API refuses to listen beyond loopback); "required": always; "off":
+    #: never (everyone is "default": say so explicitly to serve beyond loopback without keys).
+    auth: Literal["auto", "required", "off"] = "auto"
+    #: Secret that signs short-lived links (events and audio for browsers); unset: one made once and
+    #: kept in Redis, shared by every API process.
+    link_secret: str | None = None
+    #: Lifetime of a signed link, seconds.
+    link_ttl_s: int = Field(default=3600, gt=0)
+    #: Per-tenant limits, unless the tenant has its own (narrate tenants set).
+    tenant_concurrent_jobs: int = Field(default=20, gt=0)
+    tenant_chars_per_day: int = Field(default=20_000_000, gt=0)
+    tenant_requests_per_minute: int = Field(default=600, gt=0)
 
     # --- api -----------------------------------------------------------------------------------
     api_host: str = "127.0.0.1"

@@ -3,6 +3,17 @@ api/errors.py). Every message says why, in words a user can act on."""
 
 from __future__ import annotations
 
+#: The most characters of a client's value an error message quotes.
+QUOTE_LIMIT = 100
+
+
+def quoted(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """``repr`` of a client's value for an error message, cut to ``limit`` characters."""
+    text = str(value)
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text):,} characters)"
+
 
 class JobError(Exception):
     """Base of the job service's refusals."""
@@ -26,3 +37,11 @@ class JobNotFound(JobError):
 
 class NotReady(JobError):
     """What was asked for exists only later in the job's life (its audio, before it is done)."""
+
+
+class QuotaExceeded(JobError):
+    """The tenant is over one of its limits (requests a minute, characters a day, concurrent jobs)."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = max(int(retry_after_s), 1)

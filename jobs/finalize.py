@@ -13,7 +13,7 @@ import logging
 import tempfile
 from pathlib import Path
 
-from fleet.names import audio_object, manifest_object, part_object, parts_prefix
+from fleet.names import JobObjects
 from fleet.redis import async_client, sync_client
 from fleet.settings import Settings
 from fleet.storage import Storage, storage_from_settings
@@ -68,14 +68,14 @@ class Finalizer:
 
         def read_segment(index: int) -> bytes:
             attempt, samples = winners[index]
-            pcm = self.storage.get_bytes(part_object(job_id, index, attempt))
+            pcm = self.storage.get_bytes(job.objects.part(index, attempt))
             if len(pcm) != 2 * samples:
                 raise RuntimeError(
                     f"segment {index}: stored part has {len(pcm) // 2} samples, expected {samples}"
                 )
             return pcm
 
-        key = audio_object(job_id, job.format)
+        key = job.objects.audio(job.format)
         with tempfile.TemporaryDirectory(prefix="narrate-final-") as tmp:
             out = Path(tmp) / f"{job_id}.{job.format}"
             manifest = await asyncio.to_thread(
@@ -94,24 +94,24 @@ class Finalizer:
                 if entry["index"] in flags:
                     entry["runaway"] = flags[entry["index"]]  # kept after its last retry: see docs/models.md
             body = json.dumps(document, ensure_ascii=False).encode()
-            await asyncio.to_thread(self.storage.put_bytes, manifest_object(job_id), body)
+            await asyncio.to_thread(self.storage.put_bytes, job.objects.manifest, body)
             await asyncio.to_thread(self.storage.put_file, key, out, FORMATS[job.format][2])
         if not await self.store.finish(job_id, key, manifest.duration_s, audio_url(job_id)):
             # cancelled or deleted while we stitched: what we wrote is garbage, unless another run of
             # this job finished it first (then the file is the job's: same content, same keys)
             if await self.store.status(job_id) != JobStatus.DONE:
-                await asyncio.to_thread(delete_outputs, self.storage, job_id, job.format)
+                await asyncio.to_thread(delete_outputs, self.storage, job.objects)
             return "skipped"
-        await asyncio.to_thread(self.storage.delete_prefix, parts_prefix(job_id))
+        await asyncio.to_thread(self.storage.delete_prefix, job.objects.parts_prefix)
         await self.store.unmark_finalizing(job_id)
         log.info("finalized %s: %.1f s of audio in %s", job_id, manifest.duration_s, key)
         return "done"
 
 
-def delete_outputs(storage: Storage, job_id: str, fmt: str) -> None:
+def delete_outputs(storage: Storage, objects: JobObjects) -> None:
     """Remove everything a job has in storage: assembled parts, the finished file, its manifest."""
-    for key in (parts_prefix(job_id), audio_object(job_id, fmt), manifest_object(job_id)):
-        storage.delete_prefix(key)
+    for prefix in objects.prefixes:
+        storage.delete_prefix(prefix)
 
 
 def finalize_rq_id(settings: Settings, job_id: str) -> str:

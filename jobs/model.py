@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from enum import StrEnum
 
+from fleet.names import JobObjects
+
 
 class JobStatus(StrEnum):
     QUEUED = "queued"
@@ -72,6 +74,12 @@ class Job:
     #: Speaking rate and pitch (single-stage models); 0 for models without these settings.
     rate: int = 0
     pitch: int = 0
+    #: Who owns it (jobs/tenants.py); its storage objects are under this tenant's prefix.
+    tenant: str = "default"
+
+    @property
+    def objects(self) -> JobObjects:
+        return JobObjects(self.tenant, self.id)
 
     def to_hash(self) -> dict[str, str]:
         return {f.name: str(getattr(self, f.name)) for f in fields(self)}

@@ -100,15 +100,24 @@ return 1
 # KEYS: job, events, then every key to expire | ARGV: new status, event type, event data, now,
 #       error, maxlen, ttl, required current status ('' = any non-terminal), then field/value pairs
 #       to set on the job with the change (the finished file's key)
-# Ends the job (done, failed or cancelled) unless it already ended. Returns 1 if it changed. A job
-# that is gone (deleted) is never re-created.
+# Ends the job (done, failed or cancelled) unless it already ended. Returns its tenant if it changed
+# ('' if not). A job that is gone (deleted) is never re-created.
 END_JOB = """
 local status = redis.call('HGET', KEYS[1], 'status')
-if not status or status == 'done' or status == 'failed' or status == 'cancelled' then return 0 end
-if ARGV[8] ~= '' and status ~= ARGV[8] then return 0 end
+if not status or status == 'done' or status == 'failed' or status == 'cancelled' then return '' end
+if ARGV[8] ~= '' and status ~= ARGV[8] then return '' end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'finished_at', ARGV[4], 'error', ARGV[5])
 for i = 9, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', 'type', ARGV[2], 'data', ARGV[3])
 for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ARGV[7]) end
+return redis.call('HGET', KEYS[1], 'tenant') or 'default'
+"""
+
+# KEYS: the tenant's active-jobs set | ARGV: job id, the tenant's concurrent-jobs limit
+# Takes one of the tenant's job slots for the job (1), or refuses (0) when all are taken. Idempotent.
+RESERVE_JOB_SLOT = """
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return 1 end
+if redis.call('SCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+redis.call('SADD', KEYS[1], ARGV[1])
 return 1
 """

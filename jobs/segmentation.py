@@ -133,7 +133,13 @@ def _blocks(text: str, markdown: bool) -> list[_Block]:
     return blocks
 
 
+#: Longer lines are never headings (and the heading patterns never scan a huge line).
+_MAX_HEADING_LINE = 300
+
+
 def _heading_span(text: str, start: int, end: int, markdown: bool) -> tuple[int, int] | None:
+    if end - start > _MAX_HEADING_LINE:
+        return None
     line = text[start:end]
     match = (_MD_HEADING.match(line) if markdown else None) or _CHAPTER_LINE.match(line)
     if match is None:
@@ -250,9 +256,14 @@ def _can_start_sentence(char: str) -> bool:
     return char.isupper() or char.isdigit() or (char.isalpha() and not char.islower())
 
 
+#: The longest word ``_word_before`` looks at (abbreviations are short; "a.a.a.a..." stays linear).
+_WORD_LOOKBACK = 24
+
+
 def _word_before(text: str, pos: int) -> str:
     start = pos
-    while start > 0 and (text[start - 1].isalpha() or text[start - 1] == "."):
+    floor = max(pos - _WORD_LOOKBACK, 0)
+    while start > floor and (text[start - 1].isalpha() or text[start - 1] == "."):
         start -= 1
     return text[start:pos].lower()
 
@@ -290,20 +301,33 @@ _CLAUSE_BREAKS = (
 
 
 def _split_long(text: str, start: int, end: int, max_chars: int) -> list[tuple[int, int]]:
-    """Split text[start:end] at the strongest clause break that leaves pieces under max_chars."""
-    if end - start <= max_chars:
-        return [(start, end)]
-    for pattern in _CLAUSE_BREAKS:
-        cuts = [m.end() for m in pattern.finditer(text, start, end) if start < m.start() and m.end() < end]
-        fitting = [c for c in cuts if c - start <= max_chars]
-        if fitting:
-            # the latest break that fits keeps pieces long; prefer one past a third of the limit
-            good = [c for c in fitting if c - start >= max_chars // 3] or fitting
-            cut = good[-1]
-            head = _trim(text, start, cut)
-            return [head, *_split_long(text, *_trim(text, cut, end), max_chars)]
-    cut = start + max_chars  # one unbroken run of characters (a URL, say)
-    return [(start, cut), *_split_long(text, cut, end, max_chars)]
+    """Split text[start:end] at the strongest clause break that leaves pieces under max_chars.
+
+    Iterative and linear: each piece looks for its break only in the next ``max_chars`` characters
+    (a break further on cannot fit), so a long unpunctuated text costs what its length does."""
+    pieces: list[tuple[int, int]] = []
+    while end - start > max_chars:
+        window = min(end, start + max_chars + 1)
+        cut = None
+        for pattern in _CLAUSE_BREAKS:
+            fitting = [
+                m.end()
+                for m in pattern.finditer(text, start, window)
+                if start < m.start() and m.end() < end and m.end() - start <= max_chars
+            ]
+            if fitting:
+                # the latest break that fits keeps pieces long; prefer one past a third of the limit
+                good = [c for c in fitting if c - start >= max_chars // 3] or fitting
+                cut = good[-1]
+                break
+        if cut is None:  # one unbroken run of characters (a URL, say)
+            pieces.append((start, start + max_chars))
+            start += max_chars
+            continue
+        pieces.append(_trim(text, start, cut))
+        start, end = _trim(text, cut, end)
+    pieces.append((start, end))
+    return pieces
 
 
 # --- spoken text ----------------------------------------------------------------------------------
@@ -317,11 +341,23 @@ _MD_INLINE = [
 ]
 
 
+#: Characters nobody can hear: C0/C1 controls but whitespace, zero-width and direction marks, the BOM,
+#: surrogates. They are dropped from what is spoken (the original text keeps them).
+_INVISIBLE = re.compile(
+    "[\x00-\x08\x0e-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2064\ufeff\ud800-\udfff]"
+)
+#: Something to say: a letter or a digit of any script.
+_SPEAKABLE = re.compile(r"[^\W_]")
+
+
 def spoken(text: str, markdown: bool = True) -> str:
+    """What is said of ``text``: Markdown markup and invisible characters out, whitespace collapsed;
+    empty if nothing in it can be said (only punctuation, say)."""
     if markdown:
         for pattern, repl in _MD_INLINE:
             text = pattern.sub(repl, text)
-    return " ".join(text.split())
+    text = " ".join(_INVISIBLE.sub("", text).split())
+    return text if _SPEAKABLE.search(text) else ""
 
 
 # --- the plan -------------------------------------------------------------------------------------

@@ -16,11 +16,12 @@ from fleet.messages import SegmentTask
 from fleet.settings import Settings
 from fleet.storage import Storage
 from jobs.audio import FORMATS, SAMPLE_RATES
-from jobs.errors import InvalidRequest, JobNotFound, TooLarge
+from jobs.errors import QUOTE_LIMIT, InvalidRequest, JobNotFound, QuotaExceeded, TooLarge, quoted
 from jobs.finalize import delete_outputs, forget_finalize
 from jobs.model import Job, JobStatus
 from jobs.segmentation import Plan, Segment, plan_text
 from jobs.store import JobStore
+from jobs.tenants import DEFAULT_TENANT, Principal
 from models.registry import UnknownModelError, get_model
 
 
@@ -37,6 +38,8 @@ class JobRequest:
     #: Speaking rate (words per minute) and pitch (0-100): single-stage models only; None: default.
     rate: int | None = None
     pitch: int | None = None
+    #: Who submits it (jobs/tenants.py).
+    tenant: str = DEFAULT_TENANT
 
 
 def segment_seed(job_seed: int, voice: str, text: str) -> int:
@@ -46,13 +49,25 @@ def segment_seed(job_seed: int, voice: str, text: str) -> int:
     return int.from_bytes(digest, "big") & 0x7FFF_FFFF
 
 
-def validate(request: JobRequest, settings: Settings) -> tuple[Job, Plan]:
+def validate(request: JobRequest, settings: Settings, max_text_chars: int | None = None) -> tuple[Job, Plan]:
+    """The job and its plan, or the reason it is refused (nothing is written either way).
+    ``max_text_chars``: the submitting tenant's limit, if lower than the fleet's."""
+    limit = min(max_text_chars or settings.max_text_chars, settings.max_text_chars)
     if not request.text or not request.text.strip():
         raise InvalidRequest("text is empty: send the text to narrate")
-    if len(request.text) > settings.max_text_chars:
-        raise TooLarge(
-            f"text has {len(request.text):,} characters; this fleet accepts at most {settings.max_text_chars:,}"
-        )
+    try:
+        request.text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest(
+            f"text is not valid Unicode: a lone surrogate (U+{ord(request.text[exc.start]):04X}) at character "
+            f"{exc.start:,}"
+        ) from None
+    if len(request.text) > limit:
+        raise TooLarge(f"text has {len(request.text):,} characters; this fleet accepts at most {limit:,}")
+    for name in ("voice", "model", "format"):
+        value = getattr(request, name)
+        if value is not None and len(value) > QUOTE_LIMIT:
+            raise InvalidRequest(f"{name} {quoted(value)} is not a {name} of this fleet (see GET /v1/models)")
     try:
         spec = get_model(request.model or settings.default_model, settings)
     except UnknownModelError as exc:
@@ -70,14 +85,17 @@ def validate(request: JobRequest, settings: Settings) -> tuple[Job, Plan]:
     fmt = request.format.lower()
     if fmt not in FORMATS:
         raise InvalidRequest(f"unsupported format {request.format!r}; supported: {', '.join(FORMATS)}")
-    rate = request.sample_rate or family.sample_rate
+    rate = family.sample_rate if request.sample_rate is None else request.sample_rate
     if rate not in SAMPLE_RATES:
         raise InvalidRequest(
             f"unsupported sample rate {rate}; supported: {', '.join(map(str, SAMPLE_RATES))}"
         )
     plan = plan_text(request.text, markdown=request.markdown, max_chars=settings.max_segment_chars)
     if not plan.segments:
-        raise InvalidRequest("text has nothing to narrate (only markup or code)")
+        raise InvalidRequest(
+            "text has nothing to narrate: no letter or digit outside markup and code "
+            "(only punctuation, control or invisible characters)"
+        )
     job = Job(
         id=uuid.uuid4().hex,
         status=JobStatus.QUEUED,
@@ -93,6 +111,7 @@ def validate(request: JobRequest, settings: Settings) -> tuple[Job, Plan]:
         created_at=time.time(),
         rate=speech_rate,
         pitch=pitch,
+        tenant=request.tenant,
     )
     return job, plan
 
@@ -129,24 +148,98 @@ def tasks_for(job: Job, plan: Plan) -> list[SegmentTask]:
     return [segment_task(job, s) for s in plan.segments]
 
 
-async def submit(store: JobStore, settings: Settings, request: JobRequest) -> Job:
+async def submit(
+    store: JobStore, settings: Settings, request: JobRequest, concurrent_jobs: int | None = None
+) -> Job:
+    """Validate, then store and queue the job. ``concurrent_jobs``: the tenant's limit of jobs not
+    yet ended (``QuotaExceeded`` when all are taken)."""
     job, plan = validate(request, settings)
-    await enqueue(store, job, plan)
+    await enqueue(store, job, plan, concurrent_jobs)
     return job
 
 
-async def enqueue(store: JobStore, job: Job, plan: Plan) -> None:
+async def reserve_slot(store: JobStore, job: Job, concurrent_jobs: int) -> None:
+    """Take one of the tenant's ``concurrent_jobs`` slots for the job, or ``QuotaExceeded``
+    (idempotent; ``store.release_job_slot`` gives it back if the job is not stored after all)."""
+    if not await store.reserve_job_slot(job.tenant, job.id, concurrent_jobs):
+        raise QuotaExceeded(
+            f"tenant {job.tenant} has {concurrent_jobs} jobs still going, its limit: "
+            "wait for one to end (or delete one)",
+            retry_after_s=30,
+        )
+
+
+async def enqueue(store: JobStore, job: Job, plan: Plan, concurrent_jobs: int | None = None) -> None:
     """Store a validated job and queue its segments (all or nothing); it is created now."""
+    if concurrent_jobs is not None:
+        await reserve_slot(store, job, concurrent_jobs)
     job.created_at = time.time()
-    await store.create(job, plan, tasks_for(job, plan))
+    try:
+        await store.create(job, plan, tasks_for(job, plan))
+    except BaseException:
+        await store.release_job_slot(job.tenant, job.id)
+        raise
 
 
-async def get(store: JobStore, job_id: str) -> Job:
-    """The job, or ``JobNotFound``."""
-    job = await store.get(job_id)
-    if job is None:
-        raise JobNotFound(f"no job {job_id!r}")
+async def get(store: JobStore, job_id: str, principal: Principal | None = None) -> Job:
+    """The job, or ``JobNotFound`` (also for a job ``principal`` may not see: another tenant's job
+    is not forbidden, it does not exist for them)."""
+    job = await store.get(job_id) if len(job_id) <= 64 else None
+    if job is None or (principal is not None and not principal.may_see(job.tenant, job.id)):
+        raise JobNotFound(f"no job {quoted(job_id)}")
     return job
+
+
+@dataclass(frozen=True)
+class JobPage:
+    jobs: list[Job]
+    #: Where the next page starts (None: this is the last).
+    next_cursor: str | None
+
+
+async def list_jobs(
+    store: JobStore,
+    principal: Principal,
+    *,
+    status: JobStatus | None = None,
+    tenant: str | None = None,
+    cursor: str | None = None,
+    limit: int = 50,
+) -> JobPage:
+    """The principal's jobs (an admin's: every tenant's, or ``tenant``'s), newest first, ``limit``
+    at a time; ``status`` filters (a page may then come short of ``limit``: follow the cursor)."""
+    if tenant is not None and not principal.admin and tenant != principal.tenant:
+        return JobPage([], None)
+    index = store.names.tenant_jobs(tenant or principal.tenant)
+    if principal.admin and tenant is None:
+        index = store.names.jobs_index()
+    after = _parse_cursor(cursor)
+    jobs: list[Job] = []
+    scanned = 0
+    while len(jobs) < limit and scanned < 20 * limit:
+        ids = await store.page(index, after, limit)
+        if not ids:
+            return JobPage(jobs, None)
+        scanned += len(ids)
+        after = ids[-1]
+        for job in await store.get_many([job_id for job_id, _ in ids]):
+            if job is not None and (status is None or job.status == status):
+                jobs.append(job)
+        if len(ids) < limit:
+            return JobPage(jobs, None)
+    return JobPage(jobs, f"{after[1]!r}:{after[0]}")
+
+
+def _parse_cursor(cursor: str | None) -> tuple[str, float] | None:
+    if cursor is None:
+        return None
+    score, _, job_id = cursor.partition(":")
+    try:
+        return job_id, float(score)
+    except ValueError:
+        raise InvalidRequest(
+            f"cursor {quoted(cursor)} is not a cursor of this API (use next_cursor)"
+        ) from None
 
 
 async def delete(store: JobStore, storage: Storage, settings: Settings, job: Job, rq_connection=None) -> bool:
@@ -157,7 +250,7 @@ async def delete(store: JobStore, storage: Storage, settings: Settings, job: Job
     ``rq_connection``: RQ's Redis client (a sync one; default: a new client for the settings' Redis).
     """
     cancelled = await store.cancel(job.id)
-    await asyncio.to_thread(delete_outputs, storage, job.id, job.format)
+    await asyncio.to_thread(delete_outputs, storage, job.objects)
     await asyncio.to_thread(forget_finalize, settings, job.id, rq_connection)
-    await store.purge(job.id)
+    await store.purge(job)
     return cancelled

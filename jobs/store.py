@@ -52,6 +52,7 @@ class JobStore:
         self._end_job = redis.register_script(scripts.END_JOB)
         self._abandon = redis.register_script(scripts.ABANDON_ATTEMPT)
         self._flag = redis.register_script(scripts.FLAG_SEGMENT)
+        self._reserve_slot = redis.register_script(scripts.RESERVE_JOB_SLOT)
 
     @classmethod
     def for_settings(cls, redis: aioredis.Redis, settings) -> JobStore:
@@ -64,6 +65,14 @@ class JobStore:
 
     # --- creation and reads -------------------------------------------------------------------------
 
+    async def reserve_job_slot(self, tenant: str, job_id: str, limit: int) -> bool:
+        """One of the tenant's ``limit`` concurrent job slots for the job (False: all taken)."""
+        return bool(await self._reserve_slot([self.names.tenant_active(tenant)], [job_id, limit]))
+
+    async def release_job_slot(self, tenant: str, *job_ids: str) -> None:
+        if job_ids:
+            await self.redis.srem(self.names.tenant_active(tenant), *job_ids)
+
     async def create(self, job: Job, plan: Plan, tasks: list[SegmentTask]) -> None:
         """Store the job and enqueue its segments, all or nothing (one MULTI/EXEC)."""
         n = self.names
@@ -71,6 +80,9 @@ class JobStore:
         pipe.hset(n.job(job.id), mapping=job.to_hash())
         pipe.set(n.plan(job.id), plan.to_json())
         pipe.zadd(n.jobs_index(), {job.id: job.created_at})
+        pipe.zadd(n.tenant_jobs(job.tenant), {job.id: job.created_at})
+        pipe.sadd(n.tenant_active(job.tenant), job.id)
+        pipe.sadd(n.tenants(), job.tenant)
         self._event(
             pipe, job.id, EventType.QUEUED, {"segments": job.segments_total, "chapters": job.chapters}
         )
@@ -82,6 +94,35 @@ class JobStore:
     async def get(self, job_id: str) -> Job | None:
         raw = await self.redis.hgetall(self.names.job(job_id))
         return Job.from_hash(raw) if raw else None
+
+    async def get_many(self, job_ids: list[str]) -> list[Job | None]:
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hgetall(self.names.job(job_id))
+        return [Job.from_hash(raw) if raw else None for raw in await pipe.execute()]
+
+    async def page(self, index: str, after: tuple[str, float] | None, count: int) -> list[tuple[str, float]]:
+        """Up to ``count`` (job id, creation time) of an index, newest first, after ``after`` (the
+        last of the previous page): stable while new jobs arrive."""
+        top = "+inf" if after is None else repr(after[1])
+        out: list[tuple[str, float]] = []
+        offset = 0
+        while len(out) < count:
+            batch = await self.redis.zrevrangebyscore(
+                index, top, "-inf", start=offset, num=count + 1, withscores=True
+            )
+            if not batch:
+                break
+            offset += len(batch)
+            for member, score in batch:
+                job_id = member.decode()
+                # members of one score come in descending order: skip those up to the cursor
+                if after is not None and score == after[1] and job_id >= after[0]:
+                    continue
+                out.append((job_id, score))
+                if len(out) == count:
+                    break
+        return out
 
     async def status(self, job_id: str) -> JobStatus | None:
         raw = await self.redis.hget(self.names.job(job_id), "status")
@@ -119,6 +160,11 @@ class JobStore:
             maxlen=self.events_maxlen,
             approximate=True,
         )
+
+    async def last_event_id(self, job_id: str) -> str | None:
+        """The id of the job's newest event (None: it has none)."""
+        newest = await self.redis.xrevrange(self.names.events(job_id), count=1)
+        return newest[0][0].decode() if newest else None
 
     async def read_events(
         self, job_id: str, after: str, block_ms: int | None, count: int = 200
@@ -252,10 +298,11 @@ class JobStore:
             require,
             *(x for pair in (fields or {}).items() for x in pair),
         ]
-        changed = bool(await self._end_job(keys, args))
-        if changed:
+        tenant = (await self._end_job(keys, args)).decode()
+        if tenant:
             await self.clear_scratch(job_id)
-        return changed
+            await self.release_job_slot(tenant, job_id)
+        return bool(tenant)
 
     async def fail(self, job_id: str, reason: str) -> bool:
         return await self._end(job_id, JobStatus.FAILED, EventType.FAILED, {"error": reason}, error=reason)
@@ -272,13 +319,18 @@ class JobStore:
             job_id, JobStatus.DONE, EventType.DONE, data, require=JobStatus.FINALIZING.value, fields=fields
         )
 
-    async def purge(self, job_id: str) -> None:
+    async def purge(self, job: Job) -> None:
         """Delete every key of an ended job (its delta hashes too) and its index entries. Only for a
         job that has ended: every writer checks the status first, so nothing re-creates these keys."""
-        await self.clear_scratch(job_id)
-        await self.redis.delete(*self.names.job_keys(job_id))
-        await self.redis.zrem(self.names.jobs_index(), job_id)
-        await self.redis.zrem(self.names.finalizing(), job_id)
+        n = self.names
+        await self.clear_scratch(job.id)
+        await self.redis.delete(*n.job_keys(job.id))
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zrem(n.jobs_index(), job.id)
+        pipe.zrem(n.tenant_jobs(job.tenant), job.id)
+        pipe.srem(n.tenant_active(job.tenant), job.id)
+        pipe.zrem(n.finalizing(), job.id)
+        await pipe.execute()
 
     # --- the sweep's indexes (jobs/sweep.py) --------------------------------------------------------
 
@@ -297,23 +349,49 @@ class JobStore:
         )
         return [(job_id.decode(), at) for job_id, at in raw]
 
-    async def forget_expired(self, created_before: float, count: int = 1000) -> list[str]:
+    async def forget_expired(self, created_before: float, count: int = 1000) -> list[tuple[str, str]]:
         """Remove index entries of jobs created before ``created_before`` whose keys expired (their
-        result TTL ran out); returns their ids. Younger jobs cannot have expired yet."""
-        index = self.names.jobs_index()
-        ids = [
-            i.decode()
-            for i in await self.redis.zrangebyscore(index, "-inf", created_before, start=0, num=count)
-        ]
-        if not ids:
-            return []
-        pipe = self.redis.pipeline(transaction=False)
-        for job_id in ids:
-            pipe.exists(self.names.job(job_id))
-        gone = [job_id for job_id, exists in zip(ids, await pipe.execute(), strict=True) if not exists]
-        if gone:
-            await self.redis.zrem(index, *gone)
+        result TTL ran out); returns their (tenant, job id). Younger jobs cannot have expired yet."""
+        n = self.names
+        gone: list[tuple[str, str]] = []
+        for tenant in await self.tenant_names():
+            index = n.tenant_jobs(tenant)
+            ids = [
+                i.decode()
+                for i in await self.redis.zrangebyscore(index, "-inf", created_before, start=0, num=count)
+            ]
+            if not ids:
+                continue
+            pipe = self.redis.pipeline(transaction=False)
+            for job_id in ids:
+                pipe.exists(n.job(job_id))
+            expired = [job_id for job_id, exists in zip(ids, await pipe.execute(), strict=True) if not exists]
+            if expired:
+                pipe = self.redis.pipeline(transaction=False)
+                pipe.zrem(index, *expired)
+                pipe.zrem(n.jobs_index(), *expired)
+                pipe.srem(n.tenant_active(tenant), *expired)
+                await pipe.execute()
+                gone += [(tenant, job_id) for job_id in expired]
         return gone
+
+    async def tenant_names(self) -> list[str]:
+        """Every tenant that has had a job."""
+        return sorted(m.decode() for m in await self.redis.smembers(self.names.tenants()))
+
+    async def forget_ended_active(self) -> int:
+        """Drop jobs that ended (or vanished) from their tenant's active set (a crash between a job's
+        end and its slot's release leaves one there); how many."""
+        dropped = 0
+        for tenant in await self.tenant_names():
+            ids = {m.decode() for m in await self.redis.smembers(self.names.tenant_active(tenant))}
+            if not ids:
+                continue
+            statuses = await self.statuses(ids)
+            ended = [j for j, status in statuses.items() if status is None or status.terminal]
+            await self.release_job_slot(tenant, *ended)
+            dropped += len(ended)
+        return dropped
 
     async def clear_scratch(self, job_id: str) -> None:
         scratch = self.names.scratch_keys(job_id)

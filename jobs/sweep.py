@@ -10,8 +10,9 @@ once (a lock that expired mid-sweep) do no harm.
    fails the job with RQ's reason, if RQ's failure callback did not already; a job finalizing for
    longer than every try could take (``finalize_deadline_s``, from its first mark) fails, lost or
    not. Jobs that are no longer finalizing leave the set.
-2. Expired jobs (the retention): job ids in the index whose keys expired (``result_ttl_s`` after
-   they ended) leave the index, and their files (the audio, its manifest, any parts) leave storage.
+2. Expired jobs (the retention): job ids in the indexes whose keys expired (``result_ttl_s`` after
+   they ended) leave them, and their files (the audio, its manifest, any parts) leave storage; jobs
+   that ended but still hold one of their tenant's job slots (a crash in between) release it.
 3. Dead consumers: a consumer of a stage stream's group that holds no entry and has not read for
    ``consumer_forget_s`` (a worker that died or stopped: every process has a consumer name of its
    own) is deleted from its group. A live one reads every ``block_ms``; one with entries is kept,
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 
 from redis.exceptions import ResponseError
 
-from fleet.names import audio_prefix, parts_prefix
+from fleet.names import JobObjects
 from fleet.settings import Settings
 from fleet.storage import Storage
 from jobs.finalize import enqueue_finalize, finalize_problem
@@ -76,10 +77,11 @@ class Sweeper:
         now = time.time()
         await self._finalizes(now, report)
         expired = await self.store.forget_expired(now - self.settings.result_ttl_s)
-        for job_id in expired:
-            for prefix in (audio_prefix(job_id), parts_prefix(job_id)):
+        for tenant, job_id in expired:
+            for prefix in JobObjects(tenant, job_id).prefixes:
                 await asyncio.to_thread(self.storage.delete_prefix, prefix)
         report.expired = len(expired)
+        await self.store.forget_ended_active()
         report.consumers_forgotten = await self._forget_dead_consumers()
         if report.requeued or report.failed or report.expired or report.consumers_forgotten:
             log.info(

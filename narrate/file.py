@@ -23,7 +23,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleet.names import Names, manifest_object
+from fleet.names import Names
 from fleet.settings import Settings
 from jobs.audio import FORMATS, Pauses
 from jobs.model import EventType, Job
@@ -266,7 +266,7 @@ async def _deliver(file_job: FileJob, settings: Settings, store, storage, job_id
     output = file_job.output
     output.parent.mkdir(parents=True, exist_ok=True)
     await asyncio.to_thread(storage.download, done.audio_key, output)
-    manifest = json.loads(await asyncio.to_thread(storage.get_bytes, manifest_object(job_id)))
+    manifest = json.loads(await asyncio.to_thread(storage.get_bytes, done.objects.manifest))
     lines = [
         f"{output}: {_duration(done.duration_s)} of audio ({done.duration_s:.1f} s), "
         f"{done.segments_total} segment{'s' * (done.segments_total != 1)}, "
@@ -277,7 +277,7 @@ async def _deliver(file_job: FileJob, settings: Settings, store, storage, job_id
         path.write_text(json.dumps(manifest, ensure_ascii=False, indent=1), encoding="utf-8")
         lines.append(f"manifest (chapters, sentence times): {path}")
     if file_job.keep:
-        where = storage.local_path(manifest_object(job_id)) or manifest_object(job_id)
+        where = storage.local_path(done.objects.manifest) or done.objects.manifest
         lines.append(
             f"kept in the data directory as job {job_id} (manifest: {where}); `narrate clean` frees it"
         )

@@ -21,7 +21,7 @@ import numpy as np
 import redis
 import soundfile as sf
 
-from fleet.names import AR_GROUP, ASSEMBLER_GROUP, DECODER_GROUP, Names, manifest_object
+from fleet.names import AR_GROUP, ASSEMBLER_GROUP, DECODER_GROUP, JobObjects, Names
 from fleet.settings import Settings
 from fleet.storage import storage_from_settings
 from narrate.embedded import EmbeddedValkey
@@ -279,8 +279,8 @@ class PrivateValkey:
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir, self.port = Path(data_dir), free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
         self.server = EmbeddedValkey(self.data_dir, port=self.port)
+        self.url = self.server.url  # the same across restarts: same port, same password file
         self.restarts = 0
 
     def start(self) -> PrivateValkey:
@@ -499,10 +499,14 @@ def assert_nothing_left(r: redis.Redis, names: Names, job_ids: list[str]) -> Non
     assert orphans == [], [(k, r.type(k), r.ttl(k)) for k in orphans]
 
 
-def manifest_segments(settings: Settings, job_id: str) -> list[int]:
+def manifest(settings: Settings, job_id: str, tenant: str = "default") -> dict:
+    """A finished job's manifest, from its storage."""
+    return json.loads(storage_from_settings(settings).get_bytes(JobObjects(tenant, job_id).manifest))
+
+
+def manifest_segments(settings: Settings, job_id: str, tenant: str = "default") -> list[int]:
     """The segment indices in a finished job's manifest, in file order."""
-    manifest = json.loads(storage_from_settings(settings).get_bytes(manifest_object(job_id)))
-    return [s["index"] for s in manifest["segments"]]
+    return [s["index"] for s in manifest(settings, job_id, tenant)["segments"]]
 
 
 def delete_prefix(url: str, prefix: str) -> None:

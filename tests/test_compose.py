@@ -48,7 +48,7 @@ def test_every_cli_command_has_a_service_or_is_local():
         s["command"][1] for s in COMPOSE["services"].values() if s.get("command", [None])[0] == "narrate"
     }
     # the local, all-in-one, listing and data-directory commands
-    assert commands - in_compose == {"file", "fleet", "models", "clean"}
+    assert commands - in_compose == {"file", "fleet", "models", "clean", "keys", "tenants"}
 
 
 def test_every_narrate_variable_is_a_setting():

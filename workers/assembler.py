@@ -18,10 +18,11 @@ import logging
 from collections.abc import Callable
 
 from fleet.messages import AudioChunk
-from fleet.names import ASSEMBLER_GROUP, part_object
+from fleet.names import ASSEMBLER_GROUP
 from fleet.redis import sync_client
 from fleet.settings import Settings
 from jobs.finalize import enqueue_finalize
+from jobs.model import Job
 from jobs.service import segment_task
 from jobs.sweep import Sweeper
 from models.registry import MODELS
@@ -82,10 +83,13 @@ class Assembler(Stage[AudioChunk]):
 
     async def complete_segment(self, chunk: AudioChunk) -> None:
         store = self.ctx.store
+        job = await store.get(chunk.job_id)
+        if job is None:
+            return  # deleted meanwhile: nothing to store it for
         pcm = b"".join(await store.deltas(chunk.job_id, chunk.segment, chunk.attempt))
-        if await self._silent_runaway_retried(chunk, pcm):
+        if await self._silent_runaway_retried(job, chunk, pcm):
             return
-        key = part_object(chunk.job_id, chunk.segment, chunk.attempt)
+        key = job.objects.part(chunk.segment, chunk.attempt)
         await asyncio.to_thread(self.ctx.storage.put_bytes, key, pcm)
         samples = len(pcm) // 2
         result = await store.segment_done(
@@ -97,13 +101,10 @@ class Assembler(Stage[AudioChunk]):
             log.info("job %s: all %d segments assembled", chunk.job_id, result.total)
             await self._finalize(chunk.job_id)
 
-    async def _silent_runaway_retried(self, chunk: AudioChunk, pcm: bytes) -> bool:
+    async def _silent_runaway_retried(self, job: Job, chunk: AudioChunk, pcm: bytes) -> bool:
         """Near-silence check of a whole segment: retry it (True), or flag it on its last try."""
-        job = await self.ctx.store.get(chunk.job_id)
-        spec = MODELS.get(job.model) if job is not None else None
-        if spec is None:
-            return False  # the job is gone: segment_done drops it
-        if spec.single_stage:
+        spec = MODELS.get(job.model)
+        if spec is None or spec.single_stage:
             return False  # no sampling, no seed: a retry would say the same (eSpeak NG)
         level = level_dbfs(pcm)
         threshold = spec.family.runaway.silence_dbfs

@@ -18,6 +18,7 @@ from jobs.audio import Pauses
 from jobs.segmentation import plan_text
 from models.espeak import unavailable_reason
 from testing.fleetkit import BOOK, download, read_sse, start_fleet, submit, wait_done
+from testing.fleetkit import manifest as fleetkit_manifest
 from tests.conftest import require
 
 pytestmark = pytest.mark.integration
@@ -56,7 +57,7 @@ def words(text: str) -> int:
 
 
 def manifest(fleet, job_id: str) -> dict:
-    return json.loads((fleet.settings.storage_dir / "audio" / f"{job_id}.json").read_text())
+    return fleetkit_manifest(fleet.settings, job_id)
 
 
 def rms(x: np.ndarray) -> float:

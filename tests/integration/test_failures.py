@@ -26,13 +26,13 @@ def unique(prefix: str) -> str:
 
 
 def test_a_finalize_that_always_fails_fails_its_job(redis_url, data_dir, tiny_dir, tmp_path):
-    # a data directory of its own whose storage cannot hold the finished file: "audio" is a file
+    # a data directory of its own whose storage cannot hold the finished file (its parts it can)
     own = tmp_path / "data"
     models = tiny_dir.parent
     (own / models.relative_to(data_dir)).parent.mkdir(parents=True, exist_ok=True)
     (own / models.relative_to(data_dir)).symlink_to(models)
-    (own / "storage").mkdir(parents=True)
-    (own / "storage" / "audio").write_text("not a directory")
+    (own / "storage" / "tenants" / "default").mkdir(parents=True)
+    (own / "storage" / "tenants" / "default" / "audio").write_text("not a directory")
     settings = Settings(
         redis_url=redis_url,
         key_prefix=unique("finalize"),

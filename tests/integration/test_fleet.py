@@ -22,6 +22,7 @@ from testing.fleetkit import (
     submit,
     wait_done,
 )
+from testing.fleetkit import manifest as fleetkit_manifest
 
 pytestmark = pytest.mark.integration
 
@@ -60,11 +61,10 @@ def test_a_book_end_to_end(fleet, client, raw_redis):
     job_id = accepted["id"]
     plan = plan_text(BOOK)
     assert accepted["segments_total"] == len(plan.segments) == 51 and accepted["chapters"] == 3
-    assert accepted["links"] == {
-        "self": f"/v1/jobs/{job_id}",
-        "events": f"/v1/jobs/{job_id}/events",
-        "audio": f"/v1/jobs/{job_id}/audio",
-    }
+    links = accepted["links"]
+    assert links["self"] == f"/v1/jobs/{job_id}"
+    assert links["events"].startswith(f"/v1/jobs/{job_id}/events?token=")  # signed: usable without a key
+    assert links["audio"].startswith(f"/v1/jobs/{job_id}/audio?token=")
 
     events = list(read_sse(client, accepted["links"]["events"]))
     kinds = [e.event for e in events]
@@ -110,7 +110,7 @@ def test_a_book_end_to_end(fleet, client, raw_redis):
         names.scratch_keys(job_id)
     )
     assert not (s.storage_dir / "parts" / job_id).exists()
-    manifest = json.loads((s.storage_dir / "audio" / f"{job_id}.json").read_text())
+    manifest = fleetkit_manifest(s, job_id)
     assert [c["title"] for c in manifest["chapters"]] == [
         "Chapter One: The Harbour",
         "Chapter Two: The Letter",

@@ -4,7 +4,6 @@ model's rate, each segment equal to an offline decode."""
 
 from __future__ import annotations
 
-import json
 import time
 
 import numpy as np
@@ -14,6 +13,7 @@ from fleet.settings import Settings
 from jobs.audio import Pauses
 from jobs.segmentation import plan_text
 from testing.fleetkit import download, offline_segment_audio, start_fleet, submit, wait_done
+from testing.fleetkit import manifest as fleetkit_manifest
 
 pytestmark = pytest.mark.integration
 
@@ -55,7 +55,7 @@ def test_llasa_and_orpheus_layouts_side_by_side(redis_url, data_dir, tiny_dir, t
             settings, [s.text for s in plan.segments], "default", model="tiny-llasa"
         )
         pauses = Pauses(settings.sentence_pause_ms, settings.paragraph_pause_ms, settings.chapter_pause_ms)
-        manifest = json.loads((settings.storage_dir / "audio" / f"{llasa_id}.json").read_text())
+        manifest = fleetkit_manifest(settings, llasa_id)
         assert manifest["sample_rate"] == 16000 and manifest["flagged_segments"] == []
         position = 0
         for seg, ref, entry in zip(plan.segments, reference, manifest["segments"], strict=True):

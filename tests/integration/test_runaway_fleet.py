@@ -15,6 +15,7 @@ from fleet.settings import Settings
 from jobs.audio import Pauses
 from jobs.segmentation import plan_text
 from testing.fleetkit import download, offline_segment_audio, read_sse, start_fleet, submit
+from testing.fleetkit import manifest as fleetkit_manifest
 
 pytestmark = pytest.mark.integration
 
@@ -61,7 +62,7 @@ def test_a_model_that_never_stops_is_retried_then_flagged(redis_url, data_dir, t
         ]
         assert status["status"] == "done" and status["segments_flagged"] == 2 and status["segments_done"] == 2
 
-        manifest = json.loads((settings.storage_dir / "audio" / f"{job_id}.json").read_text())
+        manifest = fleetkit_manifest(settings, job_id)
         assert manifest["flagged_segments"] == [0, 1]
         assert [s["runaway"]["kind"] for s in manifest["segments"]] == ["never_stops"] * 2
         assert "no stop token after 16 frames" in manifest["segments"][0]["runaway"]["detail"]

@@ -53,8 +53,8 @@ def test_fleet_with_s3_storage(redis_url, data_dir, tiny_dir, s3_server, tmp_pat
             )["Contents"]
         ]
         assert sorted(keys) == [
-            f"{prefix}/audio/{job_id}.flac",
-            f"{prefix}/audio/{job_id}.json",
+            f"{prefix}/tenants/default/audio/{job_id}.flac",
+            f"{prefix}/tenants/default/audio/{job_id}.json",
         ]  # parts removed
     finally:
         fleet.stop()

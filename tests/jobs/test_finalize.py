@@ -9,7 +9,7 @@ import fakeredis
 import numpy as np
 
 from fleet.messages import AudioChunk
-from fleet.names import Names, audio_object, manifest_object
+from fleet.names import Names
 from fleet.settings import Settings
 from fleet.storage import LocalStorage
 from jobs.finalize import Finalizer
@@ -42,7 +42,7 @@ def finalizing_job(tmp_path):
             assert (
                 await store.add_delta(AudioChunk(job.id, segment, attempt, 0, True, 24000, pcm)) == "complete"
             )
-            storage.put_bytes(f"parts/{job.id}/{segment:06d}-{attempt}.pcm", pcm)
+            storage.put_bytes(job.objects.part(segment, attempt), pcm)
             await store.segment_done(job.id, segment, attempt, 480, 0.02)
         assert (await store.get(job.id)).status == JobStatus.FINALIZING
 
@@ -55,12 +55,12 @@ def test_a_job_deleted_while_it_is_stitched_leaves_no_file_and_no_key(tmp_path):
 
     async def delete(job_id):  # what DELETE does: cancel, then purge the keys
         await store.cancel(job_id)
-        await store.purge(job_id)
+        await store.purge(job)
 
     store.before_finish = delete
     assert asyncio.run(Finalizer(settings, store, storage).run(job.id)) == "skipped"
     assert asyncio.run(store.redis.keys(f"*{job.id}*")) == []  # finish did not re-create the job hash
-    assert not storage.exists(audio_object(job.id, "wav")) and not storage.exists(manifest_object(job.id))
+    assert not storage.exists(job.objects.audio("wav")) and not storage.exists(job.objects.manifest)
 
 
 def test_a_second_finalize_of_a_done_job_keeps_its_file(tmp_path):
@@ -68,13 +68,13 @@ def test_a_second_finalize_of_a_done_job_keeps_its_file(tmp_path):
 
     async def first_run_finishes(job_id):
         store.before_finish = _noop
-        assert await store.finish(job_id, audio_object(job_id, "wav"), 1.0, "/x")
+        assert await store.finish(job_id, job.objects.audio("wav"), 1.0, "/x")
 
     store.before_finish = first_run_finishes
     assert asyncio.run(Finalizer(settings, store, storage).run(job.id)) == "skipped"
     got = asyncio.run(store.get(job.id))
-    assert got.status == JobStatus.DONE and got.audio_key == audio_object(job.id, "wav")
-    assert storage.exists(audio_object(job.id, "wav")) and storage.exists(manifest_object(job.id))
+    assert got.status == JobStatus.DONE and got.audio_key == job.objects.audio("wav")
+    assert storage.exists(job.objects.audio("wav")) and storage.exists(job.objects.manifest)
 
 
 async def _noop(_job_id):

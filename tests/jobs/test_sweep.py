@@ -86,32 +86,39 @@ def test_a_finalize_past_every_deadline_fails_its_job_and_ended_jobs_leave_the_s
     assert report.failed == [stuck] and "did not finish within" in job.error and marked == 0
 
 
-def test_expired_jobs_leave_the_index_and_storage(sweep):
+def test_expired_jobs_leave_the_indexes_and_storage(sweep):
     settings, store, storage, rq = sweep
 
     async def main():
         old = await submit(store, settings, JobRequest(text="Old."))
         kept = await submit(store, settings, JobRequest(text="Kept."))
-        index = store.names.jobs_index()
+        n = store.names
         long_ago = time.time() - settings.result_ttl_s - 10
-        await store.redis.zadd(index, {old.id: long_ago, kept.id: long_ago})
-        await store.redis.delete(*store.names.job_keys(old.id))  # its keys expired
-        for key in (
-            f"audio/{old.id}.wav",
-            f"audio/{old.id}.json",
-            f"parts/{old.id}/000000-1.pcm",
-            f"audio/{kept.id}.wav",
-        ):
+        for index in (n.jobs_index(), n.tenant_jobs("default")):
+            await store.redis.zadd(index, {old.id: long_ago, kept.id: long_ago})
+        await store.redis.delete(*n.job_keys(old.id))  # its keys expired
+        objects = [
+            old.objects.audio("wav"),
+            old.objects.manifest,
+            old.objects.part(0, 1),
+            kept.objects.audio("wav"),
+        ]
+        for key in objects:
             storage.put_bytes(key, b"x")
         report = await Sweeper(settings, store, storage, rq, "me").sweep()
-        return old.id, kept.id, report, await store.redis.zrange(index, 0, -1)
+        indexes = [await store.redis.zrange(i, 0, -1) for i in (n.jobs_index(), n.tenant_jobs("default"))]
+        active = await store.redis.smembers(n.tenant_active("default"))
+        return old.id, kept.id, report, indexes, active, objects
 
-    old, kept, report, index = asyncio.run(main())
-    assert report.expired == 1 and index == [kept.encode()]
-    assert not any(
-        storage.exists(k) for k in (f"audio/{old}.wav", f"audio/{old}.json", f"parts/{old}/000000-1.pcm")
-    )
-    assert storage.exists(f"audio/{kept}.wav")  # the retention is the job's keys' lifetime
+    old, kept, report, indexes, active, objects = asyncio.run(main())
+    assert report.expired == 1 and indexes == [[kept.encode()], [kept.encode()]]
+    assert active == {kept.encode()}  # the expired job's slot went with it
+    assert [storage.exists(k) for k in objects] == [
+        False,
+        False,
+        False,
+        True,
+    ]  # retention = the keys' lifetime
 
 
 def test_one_sweeper_per_interval(sweep):

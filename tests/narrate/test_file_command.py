@@ -97,14 +97,16 @@ def test_the_format_follows_the_output_extension(tmp_path):
 
 
 def test_every_option_has_help(capsys):
+    import argparse
+
     from narrate.cli import build_parser
 
-    parser = build_parser()
-    subparsers = next(a for a in parser._actions if a.dest == "command").choices
-    missing = [
-        f"{name} {action.option_strings or action.dest}"
-        for name, sub in subparsers.items()
-        for action in sub._actions
-        if action.dest != "help" and not action.help
-    ]
-    assert missing == []
+    def undocumented(parser, path):
+        for action in parser._actions:
+            if action.dest != "help" and not action.help:
+                yield f"{path} {action.option_strings or action.dest}"
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield from undocumented(sub, f"{path} {name}")
+
+    assert list(undocumented(build_parser(), "narrate")) == []

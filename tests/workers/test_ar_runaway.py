@@ -139,7 +139,9 @@ def test_invalid_codes_fail_the_job_with_a_reason(make_settings, key_prefix, tin
 
     got, letters, tasks = asyncio.run(main())
     assert got.status == JobStatus.FAILED
-    assert got.error.startswith("segment 0 failed while narrating: the model produced an invalid code: token ")
+    assert got.error.startswith(
+        "segment 0 failed while narrating: the model produced an invalid code: token "
+    )
     assert "is not a code for that position" in got.error
     assert len(letters) == 1 and tasks == 0  # dead-lettered, never retried
 

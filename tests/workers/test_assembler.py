@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from fleet.messages import AudioChunk, SegmentTask
-from fleet.names import Names, part_object
+from fleet.names import Names
 from fleet.settings import Settings
 from fleet.storage import LocalStorage
 from jobs.model import JobStatus
@@ -80,7 +80,7 @@ def test_out_of_order_duplicate_and_superseded_chunks(harness):
         return job
 
     job = asyncio.run(main())
-    part = ctx.storage.get_bytes(part_object(job.id, 0, 1))
+    part = ctx.storage.get_bytes(job.objects.part(0, 1))
     assert part == pcm([seq * 10 + i for seq in range(4) for i in range(4)])
     done = asyncio.run(ctx.store.completed_segments(job.id))
     assert done == {0: (1, 16), 1: (1, 2)}  # attempt 1 won segment 0; each segment recorded once
@@ -106,7 +106,7 @@ def test_chunks_of_a_cancelled_job_are_dropped(harness):
 
     job = asyncio.run(main())
     assert asyncio.run(ctx.store.completed_segments(job.id)) == {}
-    assert not ctx.storage.exists(part_object(job.id, 0, 1)) and not enqueued
+    assert not ctx.storage.exists(job.objects.part(0, 1)) and not enqueued
     assert asyncio.run(ctx.redis.xlen(ctx.names.audio())) == 0  # acked and deleted
 
 
@@ -142,8 +142,8 @@ def test_when_two_attempts_complete_together_only_the_winner_keeps_a_part(harnes
         return job
 
     job = asyncio.run(main())
-    assert ctx.storage.get_bytes(part_object(job.id, 0, 1)) == pcm([5, 6])
-    assert not ctx.storage.exists(part_object(job.id, 0, 2))  # no orphan part in storage
+    assert ctx.storage.get_bytes(job.objects.part(0, 1)) == pcm([5, 6])
+    assert not ctx.storage.exists(job.objects.part(0, 2))  # no orphan part in storage
     assert asyncio.run(ctx.store.completed_segments(job.id)) == {0: (1, 2)}
 
 
@@ -166,7 +166,7 @@ def test_a_near_silent_segment_is_retried_with_the_next_seed_then_kept_flagged(h
     retries = [t for t in queued if t.segment == 0 and t.retry == 1]
     assert len(retries) == 1 and retries[0].text == "Quiet here." and retries[0].seed == queued[0].seed
     assert after_first == {} and late == "stale"
-    assert not ctx.storage.exists(part_object(job.id, 0, 1))
+    assert not ctx.storage.exists(job.objects.part(0, 1))
     assert asyncio.run(ctx.store.completed_segments(job.id)) == {0: (3, 4000)}  # the last try, kept
     runaway = [d for k, d in evs if k == "runaway"]
     warning = [d for k, d in evs if k == "warning"]

@@ -1,0 +1,60 @@
+"""A tenant's rates: requests a minute and characters a day, counted in Redis by the ``limits``
+library (shared by every API process), refused with the seconds until there is room again.
+
+Characters are tested before they are counted, so a refused job spends none of the day's budget
+(two requests racing for the last room may both pass the test; the second is then refused by the
+count, which keeps what it counted).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import redis.asyncio as aioredis
+from limits import RateLimitItemPerDay, RateLimitItemPerMinute
+from limits.aio.storage import RedisStorage
+from limits.aio.strategies import FixedWindowRateLimiter, SlidingWindowCounterRateLimiter
+
+from fleet.names import Names
+from jobs.errors import QuotaExceeded
+
+
+class RateQuotas:
+    def __init__(self, redis: aioredis.Redis, names: Names) -> None:
+        storage = RedisStorage(
+            "async+redis://",
+            implementation="redispy",
+            connection_pool=redis.connection_pool,
+            key_prefix=names.rate_limits(),
+        )
+        self._requests = SlidingWindowCounterRateLimiter(storage)
+        self._chars = FixedWindowRateLimiter(storage)
+
+    @staticmethod
+    def _wait(reset_time: float) -> int:
+        return math.ceil(max(reset_time - time.time(), 1))
+
+    async def request(self, tenant: str, per_minute: int) -> None:
+        item = RateLimitItemPerMinute(per_minute)
+        if not await self._requests.hit(item, tenant):
+            stats = await self._requests.get_window_stats(item, tenant)
+            raise QuotaExceeded(
+                f"tenant {tenant} is over its {per_minute:,} requests a minute", self._wait(stats.reset_time)
+            )
+
+    async def characters(self, tenant: str, per_day: int, count: int) -> None:
+        item = RateLimitItemPerDay(per_day)
+        if count > per_day:
+            raise QuotaExceeded(
+                f"{count:,} characters are more than tenant {tenant}'s {per_day:,} a day", 24 * 3600
+            )
+        if not await self._chars.test(item, tenant, cost=count) or not await self._chars.hit(
+            item, tenant, cost=count
+        ):
+            stats = await self._chars.get_window_stats(item, tenant)
+            raise QuotaExceeded(
+                f"tenant {tenant} has {stats.remaining:,} of its {per_day:,} characters a day left; this job has "
+                f"{count:,}",
+                self._wait(stats.reset_time),
+            )
