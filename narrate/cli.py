@@ -55,7 +55,7 @@ def open_without_keys(host: str, settings: Settings) -> str | None:
         loopback = ipaddress.ip_address(host).is_loopback
     except ValueError:
         loopback = host == "localhost"
-    if loopback or settings.auth == "off":
+    if loopback or settings.auth != "auto":  # "required" refuses everyone without a key anyway
         return None
     with sync_client(settings) as client:
         if client.exists(Names(settings.key_prefix).api_keys()):
