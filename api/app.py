@@ -17,6 +17,7 @@ from api import errors
 from api.limits import BodyLimit, max_body_bytes
 from api.links import LinkSigner, link_secret
 from api.routes import router
+from api.sse import EventHub
 from api.state import AppState
 from fleet.redis import async_client, sync_client
 from fleet.settings import Settings
@@ -41,9 +42,8 @@ def create_app(
         store = JobStore.for_settings(client, settings)
         signer = LinkSigner(await link_secret(client, store.names, settings.link_secret), settings.link_ttl_s)
         tenants, quotas = TenantStore(client, store.names), RateQuotas(client, store.names)
-        app.state.fleet = AppState(
-            settings, store, storage_from_settings(settings), rq, tenants, quotas, signer
-        )
+        storage = storage_from_settings(settings)
+        app.state.fleet = AppState(settings, store, storage, rq, tenants, quotas, signer, EventHub(store))
         try:
             yield
         finally:

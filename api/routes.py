@@ -67,7 +67,9 @@ def _read_job(raw: bytes, tenant: str, settings, max_text_chars: int):
     try:  # Python's parser: it keeps a lone surrogate (valid JSON), so validation can say what it is
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
-        raise RequestValidationError([{"type": "json_invalid", "loc": ("body",), "msg": "invalid JSON"}]) from None
+        raise RequestValidationError(
+            [{"type": "json_invalid", "loc": ("body",), "msg": "invalid JSON"}]
+        ) from None
     try:
         body = JobCreate.model_validate(data)
     except ValidationError as exc:
@@ -198,7 +200,7 @@ async def job_events(
     await check_resume(st.store, job_id, resume)
     if request.method == "HEAD":
         return Response(media_type="text/event-stream")
-    return EventSourceResponse(event_stream(st.store, job_id, resume), ping=st.settings.sse_ping_s)
+    return EventSourceResponse(event_stream(st.hub, job_id, resume), ping=st.settings.sse_ping_s)
 
 
 def _safe_name(title: str) -> str:

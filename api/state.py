@@ -9,6 +9,7 @@ import redis
 from fastapi import Request
 
 from api.links import LinkSigner
+from api.sse import EventHub
 from fleet.settings import Settings
 from fleet.storage import Storage
 from jobs.quotas import RateQuotas
@@ -29,6 +30,8 @@ class AppState:
     tenants: TenantStore
     quotas: RateQuotas
     signer: LinkSigner
+    #: One event feed per followed job, for all of this process's SSE clients.
+    hub: EventHub
     _limits: dict[str, tuple[float, Limits]] = field(default_factory=dict)
 
     async def limits(self, tenant: str) -> Limits:

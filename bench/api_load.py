@@ -1,7 +1,8 @@
 """Load check of one API process on loopback (issue 16), with keys required:
 
 1. ``--sse-clients`` (500) EventSource clients follow one job: does every client get every event?
-2. ``--submitters`` (50) clients submit small jobs at once: submit latency p50/p95 with auth on.
+2. ``--submitters`` (50) clients submit small jobs at once: submit latency p50/p95 with auth on
+   (and 1 client, for the unloaded figure), the speech workers paused meanwhile.
 3. The API's RSS before and after hostile bodies (a 300 MB chunked body, maximum-size texts).
 4. /health latency while a maximum-size text (``--max-text-chars``) is submitted.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import statistics
 import sys
 import tempfile
@@ -108,6 +110,51 @@ async def submit_latency(base: str, key: str, clients: int, per_client: int) -> 
         "p95_ms": round(1000 * pct(latencies, 0.95), 1),
         "max_ms": round(1000 * max(latencies), 1),
         "submits_per_s": round(len(latencies) / took, 1),
+    }
+
+
+WRK_SCRIPT = """
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer %s"
+counter = 0
+request = function()
+  counter = counter + 1
+  return wrk.format(nil, nil, nil, '{"text": "Job ' .. counter .. '. A second sentence."}')
+end
+done = function(summary, latency, requests)
+  io.write(string.format("WRK %%d %%d %%.1f %%.1f %%.1f %%.1f\\n", summary.requests, summary.errors.status,
+    latency:percentile(50) / 1000, latency:percentile(95) / 1000, latency:percentile(99) / 1000,
+    summary.requests / (summary.duration / 1e6)))
+end
+"""
+
+
+def submit_latency_wrk(base: str, key: str, clients: int, seconds: int) -> dict | None:
+    """The same with wrk (a load generator in C, so the client's own CPU does not count)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("wrk") is None:
+        return None
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
+        f.write(WRK_SCRIPT % key)
+    out = subprocess.run(
+        ["wrk", "-t2", f"-c{clients}", f"-d{seconds}s", "-s", f.name, f"{base}/v1/jobs"],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 60,
+    ).stdout
+    line = next(line for line in out.splitlines() if line.startswith("WRK "))
+    requests, bad, p50, p95, p99, rate = line.split()[1:]
+    return {
+        "clients": clients,
+        "submits": int(requests),
+        "non_2xx": int(bad),
+        "p50_ms": float(p50),
+        "p95_ms": float(p95),
+        "p99_ms": float(p99),
+        "submits_per_s": float(rate),
     }
 
 
@@ -210,10 +257,22 @@ def main() -> int:
         print("RESULT health_during_max_submit", json.dumps(report["health_during_max_submit"]), flush=True)
         report["sse_fanout"] = asyncio.run(sse_fanout(fleet.base_url, key, args.sse_clients, args.sentences))
         print("RESULT sse_fanout", json.dumps(report["sse_fanout"]), flush=True)
-        report["submit_latency"] = asyncio.run(
-            submit_latency(fleet.base_url, key, args.submitters, args.submits_each)
-        )
-        print("RESULT submit_latency", json.dumps(report["submit_latency"]), flush=True)
+        # the API alone: the speech workers would narrate every submitted job on the same cores
+        speech = [c.process for c in fleet.supervisor.children if c.name.startswith("speech-")]
+        for proc in speech:
+            proc.send_signal(signal.SIGSTOP)
+        try:
+            for clients in (1, args.submitters):
+                report[f"submit_latency_{clients}"] = result = asyncio.run(
+                    submit_latency(fleet.base_url, key, clients, args.submits_each)
+                )
+                print(f"RESULT submit_latency_{clients}_clients", json.dumps(result), flush=True)
+            if (wrk := submit_latency_wrk(fleet.base_url, key, args.submitters, 10)) is not None:
+                report["submit_latency_wrk"] = wrk
+                print("RESULT submit_latency_wrk", json.dumps(wrk), flush=True)
+        finally:
+            for proc in speech:
+                proc.send_signal(signal.SIGCONT)
         report["api_rss_end_mib"] = round(psutil.Process(api.process.pid).memory_info().rss / 2**20, 1)
     finally:
         fleet.stop()
