@@ -112,7 +112,7 @@ async def create_job(
     try:  # 1) a job slot, 2) the day's characters (a refused job spends none), 3) store and queue
         await service.reserve_slot(st.store, job, limits.concurrent_jobs)
         await st.quotas.characters(who.tenant, limits.chars_per_day, job.text_chars)
-        await service.enqueue(st.store, job, plan)
+        await service.enqueue(st.store, job, plan, weight=limits.weight)
     except BaseException:
         await st.store.release_job_slot(job.tenant, job.id)
         if claim is not None:
@@ -144,7 +144,7 @@ async def list_jobs(
 )
 async def get_job(job_id: str, st: AppState = State, who: Principal = Caller) -> JobView:
     job = await service.get(st.store, job_id, who)
-    return JobView.of(job, links(st, job))
+    return JobView.of(job, links(st, job), await service.place(st.store, job))
 
 
 @router.delete("/v1/jobs/{job_id}", response_model=JobView, responses={**AUTH, 404: {"model": Problem}})

@@ -54,10 +54,15 @@ class JobCreate(BaseModel):
         default=None, description="Speaking rate in words per minute (single-stage models, e.g. espeak)."
     )
     pitch: int | None = Field(default=None, description="Pitch 0-100 (single-stage models, e.g. espeak).")
+    priority: Literal["interactive", "batch"] | None = Field(
+        default=None,
+        description="interactive: its segments go before every batch job's; default: interactive when short.",
+    )
 
     def to_request(self, tenant: str) -> JobRequest:
         return JobRequest(
             tenant=tenant,
+            priority=self.priority,
             text=self.text,
             title=self.title,
             voice=self.voice,
@@ -108,10 +113,17 @@ class JobAccepted(BaseModel):
         )
 
 
+class Place(BaseModel):
+    queued: int = Field(description="The job's segments not yet taken by an engine.")
+    segments_ahead: int = Field(description="An estimate of the segments that go before its next one.")
+
+
 class JobView(BaseModel):
     id: str
     tenant: str
     status: str
+    priority: str = Field(description="interactive or batch (admission class).")
+    place: Place | None = Field(default=None, description="Where it waits, while it has queued segments.")
     title: str
     model: str
     voice: str
@@ -138,11 +150,13 @@ class JobView(BaseModel):
     links: Links
 
     @classmethod
-    def of(cls, job: Job, links: Links) -> JobView:
+    def of(cls, job: Job, links: Links, place: tuple[int, int] | None = None) -> JobView:
         return cls(
             id=job.id,
             tenant=job.tenant,
             status=job.status.value,
+            priority=job.priority,
+            place=Place(queued=place[0], segments_ahead=place[1]) if place and place[0] else None,
             title=job.title,
             model=job.model,
             voice=job.voice,

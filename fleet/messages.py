@@ -69,10 +69,19 @@ class SegmentTask:
     def encode(self) -> Fields:
         return _pack(self.KIND, asdict(self))
 
+    def header(self) -> bytes:
+        """The entry's JSON header alone (what an admission queue holds; the stream entry is
+        ``{v: SCHEMA_VERSION, h: header}``: a task has no payload)."""
+        return self.encode()[b"h"]
+
     @classmethod
     def decode(cls, fields: Fields) -> Self:
         header, _ = _unpack(fields, cls.KIND)
         return _construct(cls, header)
+
+    @classmethod
+    def from_header(cls, header: bytes) -> Self:
+        return cls.decode({b"v": str(SCHEMA_VERSION).encode(), b"h": header})
 
 
 @dataclass(frozen=True, slots=True)

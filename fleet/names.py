@@ -24,9 +24,17 @@ class Names:
     prefix: str
 
     # --- stage streams -------------------------------------------------------------------------
-    def tasks(self, model: str) -> str:
-        """Stream of SegmentTask: one entry per segment to narrate with ``model``."""
-        return f"{self.prefix}:tasks:{{{model}}}"
+    def tasks(self, model: str, shard: int = 0) -> str:
+        """Stream of SegmentTask: segments of ``model`` admitted for an engine (jobs/scheduler.py),
+        one per shard; read by AR or speech workers."""
+        return f"{self.prefix}:tasks:{{{model}.{shard}}}"
+
+    def queues(self, model: str, shard: int = 0) -> str:
+        """Base name of a shard's admission keys (same hash tag as its task stream): ``:job:<id>``
+        (list: a job's queued tasks, JSON headers, in book order), ``:jobs:<class>:<tenant>`` (zset:
+        the tenant's ready jobs -> pass), ``:tenants:<class>`` (zset: ready tenants -> pass), ``:vt:<class>``
+        (the class's virtual time), ``:weights`` (hash: tenant -> weight), ``:queued:<class>`` (count)."""
+        return f"{self.prefix}:q:{{{model}.{shard}}}"
 
     def codes(self, model: str) -> str:
         """Stream of CodeChunk from AR workers to the decoders of ``model``'s codec."""

@@ -120,6 +120,12 @@ class Settings(BaseSettings):
     #: maximum (with jitter: between half and all of it), ms.
     retry_backoff_ms: int = Field(default=1000, ge=0)
     retry_backoff_max_ms: int = Field(default=30_000, ge=0)
+    #: Shards of each model's task stream and admission queues (jobs/scheduler.py): each one hash tag,
+    #: i.e. one Redis Cluster slot; workers take from every shard.
+    task_shards: int = Field(default=1, ge=1)
+    #: Jobs of at most this many segments are "interactive" unless they say otherwise: their segments
+    #: go before every batch job's.
+    interactive_max_segments: int = Field(default=20, ge=0)
     #: Workers refresh their readiness entry this often; one silent for 3 heartbeats is dead (s).
     heartbeat_s: float = 5.0
     #: Code chunks decoded together by one decoder.

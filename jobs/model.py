@@ -76,6 +76,9 @@ class Job:
     pitch: int = 0
     #: Who owns it (jobs/tenants.py); its storage objects are under this tenant's prefix.
     tenant: str = "default"
+    #: Its admission class ("interactive" or "batch") and shard (jobs/scheduler.py).
+    priority: str = "batch"
+    shard: int = 0
 
     @property
     def objects(self) -> JobObjects:

@@ -100,17 +100,19 @@ return 1
 # KEYS: job, events, then every key to expire | ARGV: new status, event type, event data, now,
 #       error, maxlen, ttl, required current status ('' = any non-terminal), then field/value pairs
 #       to set on the job with the change (the finished file's key)
-# Ends the job (done, failed or cancelled) unless it already ended. Returns its tenant if it changed
-# ('' if not). A job that is gone (deleted) is never re-created.
+# Ends the job (done, failed or cancelled) unless it already ended. Returns {tenant, model, priority,
+# shard} if it changed (what its caller needs to release its job slot and drop its queued tasks), {} if
+# not. A job that is gone (deleted) is never re-created.
 END_JOB = """
 local status = redis.call('HGET', KEYS[1], 'status')
-if not status or status == 'done' or status == 'failed' or status == 'cancelled' then return '' end
-if ARGV[8] ~= '' and status ~= ARGV[8] then return '' end
+if not status or status == 'done' or status == 'failed' or status == 'cancelled' then return {} end
+if ARGV[8] ~= '' and status ~= ARGV[8] then return {} end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'finished_at', ARGV[4], 'error', ARGV[5])
 for i = 9, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', 'type', ARGV[2], 'data', ARGV[3])
 for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ARGV[7]) end
-return redis.call('HGET', KEYS[1], 'tenant') or 'default'
+local owner = redis.call('HMGET', KEYS[1], 'tenant', 'model', 'priority', 'shard')
+return {owner[1] or 'default', owner[2] or '', owner[3] or 'batch', owner[4] or '0'}
 """
 
 # KEYS: the tenant's active-jobs set | ARGV: job id, the tenant's concurrent-jobs limit
@@ -120,4 +122,119 @@ if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return 1 end
 if redis.call('SCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
 redis.call('SADD', KEYS[1], ARGV[1])
 return 1
+"""
+
+
+# --- fair admission (jobs/scheduler.py) ----------------------------------------------------------
+# The keys of one shard share its hash tag: KEYS name the shard's work stream and its queue base
+# (a name with the tag); the scripts derive the others from the base, all in the shard's slot.
+
+# KEYS: queue base | ARGV: job, tenant, class, weight, front (1: before its queued tasks), tasks...
+# Queues a job's tasks (each the JSON header of a SegmentTask) and makes the job and its tenant ready.
+# A job joins its tenant's round at the tenant's current turn; a tenant that was idle starts at the
+# class's current virtual time (no burst for having waited, no wait behind the others' history).
+ENQUEUE = """
+local base, job, tenant, class, front = KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[5]
+local queue = base .. ':job:' .. job
+if front == '1' then
+  for i = #ARGV, 6, -1 do redis.call('LPUSH', queue, ARGV[i]) end
+else
+  for i = 6, #ARGV do redis.call('RPUSH', queue, ARGV[i]) end
+end
+redis.call('INCRBY', base .. ':queued:' .. class, #ARGV - 5)
+redis.call('HSET', base .. ':weights', tenant, ARGV[4])
+local jobs = base .. ':jobs:' .. class .. ':' .. tenant
+if not redis.call('ZSCORE', jobs, job) then
+  local first = redis.call('ZRANGE', jobs, 0, 0, 'WITHSCORES')
+  redis.call('ZADD', jobs, first[2] or 0, job)
+end
+local tenants = base .. ':tenants:' .. class
+if not redis.call('ZSCORE', tenants, tenant) then
+  redis.call('ZADD', tenants, redis.call('GET', base .. ':vt:' .. class) or 0, tenant)
+end
+return redis.call('LLEN', queue)
+"""
+
+# KEYS: work stream, queue base | ARGV: consumer group, wanted, schema version
+# Moves tasks from the queues to the work stream until it holds ``wanted`` entries not yet delivered
+# (entries still in the stream minus those pending): interactive before batch; between tenants the one
+# with the lowest pass, which then advances by 1/weight (stride scheduling); within a tenant its job
+# with the lowest pass (round robin); within a job, book order. Returns how many it moved.
+ADMIT = """
+local base = KEYS[2]
+local undelivered = redis.call('XLEN', KEYS[1])
+local ok, summary = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[1])
+if ok then undelivered = undelivered - summary[1] end
+local want = tonumber(ARGV[2]) - undelivered
+local moved = 0
+local guard = 0
+while moved < want and guard < 10 * want + 100 do
+  guard = guard + 1
+  local class = nil
+  for _, c in ipairs({'interactive', 'batch'}) do
+    if redis.call('ZCARD', base .. ':tenants:' .. c) > 0 then class = c; break end
+  end
+  if not class then break end
+  local tenants = base .. ':tenants:' .. class
+  local top = redis.call('ZRANGE', tenants, 0, 0, 'WITHSCORES')
+  local tenant, pass = top[1], tonumber(top[2])
+  local jobs = base .. ':jobs:' .. class .. ':' .. tenant
+  local first = redis.call('ZRANGE', jobs, 0, 0)
+  if #first == 0 then
+    redis.call('ZREM', tenants, tenant)
+  else
+    local job = first[1]
+    local queue = base .. ':job:' .. job
+    local task = redis.call('LPOP', queue)
+    if task then
+      redis.call('XADD', KEYS[1], '*', 'v', ARGV[3], 'h', task)
+      redis.call('DECR', base .. ':queued:' .. class)
+      moved = moved + 1
+    end
+    local weight = tonumber(redis.call('HGET', base .. ':weights', tenant) or '1')
+    redis.call('SET', base .. ':vt:' .. class, pass)
+    redis.call('ZADD', tenants, pass + 1 / weight, tenant)
+    redis.call('ZINCRBY', jobs, 1, job)
+    if redis.call('LLEN', queue) == 0 then
+      redis.call('ZREM', jobs, job)
+      if redis.call('ZCARD', jobs) == 0 then redis.call('ZREM', tenants, tenant) end
+    end
+  end
+end
+return moved
+"""
+
+# KEYS: queue base | ARGV: job, tenant, class
+# Drops a job's queued tasks (it ended): O(1) for any number of them (UNLINK frees them in the
+# background). Returns how many there were.
+DROP = """
+local base, job, tenant, class = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
+local queue = base .. ':job:' .. job
+local n = redis.call('LLEN', queue)
+redis.call('UNLINK', queue)
+if n > 0 then redis.call('DECRBY', base .. ':queued:' .. class, n) end
+local jobs = base .. ':jobs:' .. class .. ':' .. tenant
+redis.call('ZREM', jobs, job)
+if redis.call('ZCARD', jobs) == 0 then redis.call('ZREM', base .. ':tenants:' .. class, tenant) end
+return n
+"""
+
+# KEYS: work stream, queue base | ARGV: consumer group, job, tenant, class
+# Where a job stands: {its queued tasks, an estimate of the tasks that go before its next one (what
+# the stream holds undelivered, everything queued in a higher class, a turn of each tenant whose
+# pass is lower than its tenant's and of each of its tenant's jobs before it)}.
+PLACE = """
+local base, job, tenant, class = KEYS[2], ARGV[2], ARGV[3], ARGV[4]
+local undelivered = redis.call('XLEN', KEYS[1])
+local ok, summary = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[1])
+if ok then undelivered = undelivered - summary[1] end
+local ahead = undelivered
+if class == 'batch' then ahead = ahead + tonumber(redis.call('GET', base .. ':queued:interactive') or '0') end
+local tenants = base .. ':tenants:' .. class
+local pass = redis.call('ZSCORE', tenants, tenant)
+if pass then ahead = ahead + redis.call('ZCOUNT', tenants, '-inf', '(' .. pass) end
+local jobs = base .. ':jobs:' .. class .. ':' .. tenant
+local mine = redis.call('ZSCORE', jobs, job)
+if mine then ahead = ahead + redis.call('ZCOUNT', jobs, '-inf', '(' .. mine) end
+return {redis.call('LLEN', base .. ':job:' .. job), ahead}
 """

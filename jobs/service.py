@@ -13,16 +13,18 @@ import uuid
 from dataclasses import dataclass
 
 from fleet.messages import SegmentTask
+from fleet.names import AR_GROUP, SPEECH_GROUP
 from fleet.settings import Settings
 from fleet.storage import Storage
 from jobs.audio import FORMATS, SAMPLE_RATES
 from jobs.errors import QUOTE_LIMIT, InvalidRequest, JobNotFound, QuotaExceeded, TooLarge, quoted
 from jobs.finalize import delete_outputs, forget_finalize
 from jobs.model import Job, JobStatus
+from jobs.scheduler import BATCH, CLASSES, INTERACTIVE, shard_of
 from jobs.segmentation import Plan, Segment, plan_text
 from jobs.store import JobStore
 from jobs.tenants import DEFAULT_TENANT, Principal
-from models.registry import UnknownModelError, get_model
+from models.registry import MODELS, UnknownModelError, get_model
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,8 @@ class JobRequest:
     pitch: int | None = None
     #: Who submits it (jobs/tenants.py).
     tenant: str = DEFAULT_TENANT
+    #: "interactive" or "batch" (jobs/scheduler.py); None: interactive if it is short.
+    priority: str | None = None
 
 
 def segment_seed(job_seed: int, voice: str, text: str) -> int:
@@ -113,7 +117,17 @@ def validate(request: JobRequest, settings: Settings, max_text_chars: int | None
         pitch=pitch,
         tenant=request.tenant,
     )
+    job.priority = _priority(request, len(plan.segments), settings)
+    job.shard = shard_of(job.id, settings.task_shards)
     return job, plan
+
+
+def _priority(request: JobRequest, segments: int, settings: Settings) -> str:
+    if request.priority is None:
+        return INTERACTIVE if segments <= settings.interactive_max_segments else BATCH
+    if request.priority not in CLASSES:
+        raise InvalidRequest(f"priority {quoted(request.priority)} is not one of {', '.join(CLASSES)}")
+    return request.priority
 
 
 def _prosody(spec, request: JobRequest) -> tuple[int, int]:
@@ -169,13 +183,16 @@ async def reserve_slot(store: JobStore, job: Job, concurrent_jobs: int) -> None:
         )
 
 
-async def enqueue(store: JobStore, job: Job, plan: Plan, concurrent_jobs: int | None = None) -> None:
-    """Store a validated job and queue its segments (all or nothing); it is created now."""
+async def enqueue(
+    store: JobStore, job: Job, plan: Plan, concurrent_jobs: int | None = None, weight: int = 1
+) -> None:
+    """Store a validated job and queue its segments (all or nothing); it is created now. ``weight``:
+    its tenant's share of the engines (jobs/scheduler.py)."""
     if concurrent_jobs is not None:
         await reserve_slot(store, job, concurrent_jobs)
     job.created_at = time.time()
     try:
-        await store.create(job, plan, tasks_for(job, plan))
+        await store.create(job, plan, tasks_for(job, plan), weight)
     except BaseException:
         await store.release_job_slot(job.tenant, job.id)
         raise
@@ -188,6 +205,15 @@ async def get(store: JobStore, job_id: str, principal: Principal | None = None) 
     if job is None or (principal is not None and not principal.may_see(job.tenant, job.id)):
         raise JobNotFound(f"no job {quoted(job_id)}")
     return job
+
+
+async def place(store: JobStore, job: Job) -> tuple[int, int] | None:
+    """(queued segments, segments ahead) of a job still waiting for engines; None once it is not."""
+    if job.status.terminal:
+        return None
+    spec = MODELS.get(job.model)
+    group = SPEECH_GROUP if spec is not None and spec.single_stage else AR_GROUP
+    return await store.scheduler.place(job.model, job.shard, group, job.id, job.tenant, job.priority)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from fleet.messages import AudioChunk, SegmentTask
 from fleet.names import Names
 from jobs import scripts
 from jobs.model import EventType, Job, JobStatus
+from jobs.scheduler import Scheduler
 from jobs.segmentation import Plan
 
 #: About this many 'progress' events per job, whatever its length (every segment has a 'segment' event).
@@ -41,11 +42,15 @@ class SegmentResult:
 
 
 class JobStore:
-    def __init__(self, redis: aioredis.Redis, names: Names, *, events_maxlen: int, result_ttl_s: int) -> None:
+    def __init__(
+        self, redis: aioredis.Redis, names: Names, *, events_maxlen: int, result_ttl_s: int, shards: int = 1
+    ) -> None:
         self.redis = redis
         self.names = names
         self.events_maxlen = events_maxlen
         self.result_ttl_s = result_ttl_s
+        #: The admission queues of every job's tasks (jobs/scheduler.py).
+        self.scheduler = Scheduler(redis, names, shards)
         self._start_segment = redis.register_script(scripts.START_SEGMENT)
         self._add_delta = redis.register_script(scripts.ADD_DELTA)
         self._segment_done = redis.register_script(scripts.SEGMENT_DONE)
@@ -61,6 +66,7 @@ class JobStore:
             Names(settings.key_prefix),
             events_maxlen=settings.events_maxlen,
             result_ttl_s=settings.result_ttl_s,
+            shards=settings.task_shards,
         )
 
     # --- creation and reads -------------------------------------------------------------------------
@@ -73,8 +79,17 @@ class JobStore:
         if job_ids:
             await self.redis.srem(self.names.tenant_active(tenant), *job_ids)
 
-    async def create(self, job: Job, plan: Plan, tasks: list[SegmentTask]) -> None:
-        """Store the job and enqueue its segments, all or nothing (one MULTI/EXEC)."""
+    async def create(self, job: Job, plan: Plan, tasks: list[SegmentTask], weight: int = 1) -> None:
+        """Store the job (one MULTI/EXEC), then queue its segments for admission (one script, in the
+        shard's slot). If queueing fails, the job is deleted again: a 202 is answered only after both."""
+        await self._create(job, plan)
+        try:
+            await self.scheduler.enqueue(job.model, job.shard, job.id, job.tenant, job.priority, weight, tasks)
+        except BaseException:
+            await self.purge(job)
+            raise
+
+    async def _create(self, job: Job, plan: Plan) -> None:
         n = self.names
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(n.job(job.id), mapping=job.to_hash())
@@ -86,9 +101,6 @@ class JobStore:
         self._event(
             pipe, job.id, EventType.QUEUED, {"segments": job.segments_total, "chapters": job.chapters}
         )
-        stream = n.tasks(job.model)
-        for task in tasks:
-            pipe.xadd(stream, task.encode())
         await pipe.execute()
 
     async def get(self, job_id: str) -> Job | None:
@@ -209,7 +221,10 @@ class JobStore:
         if not await self._abandon(keys, [task.segment, attempt, self.events_maxlen, json.dumps(data)]):
             return False
         retry = SegmentTask(**{**asdict(task), "retry": task.retry + 1})
-        await self.redis.xadd(n.tasks(task.model), retry.encode())
+        job = await self.get(task.job_id)
+        if job is None or job.status.terminal:
+            return False
+        await self.scheduler.enqueue(job.model, job.shard, job.id, job.tenant, job.priority, 1, [retry], front=True)
         return True
 
     async def flag_segment(self, job_id: str, segment: int, kind: str, detail: str, retries: int) -> bool:
@@ -298,11 +313,14 @@ class JobStore:
             require,
             *(x for pair in (fields or {}).items() for x in pair),
         ]
-        tenant = (await self._end_job(keys, args)).decode()
-        if tenant:
+        owner = [v.decode() for v in await self._end_job(keys, args)]
+        if owner:
+            tenant, model, priority, shard = owner
             await self.clear_scratch(job_id)
             await self.release_job_slot(tenant, job_id)
-        return bool(tenant)
+            if model:
+                await self.scheduler.drop(model, int(shard), job_id, tenant, priority)
+        return bool(owner)
 
     async def fail(self, job_id: str, reason: str) -> bool:
         return await self._end(job_id, JobStatus.FAILED, EventType.FAILED, {"error": reason}, error=reason)
@@ -323,6 +341,7 @@ class JobStore:
         """Delete every key of an ended job (its delta hashes too) and its index entries. Only for a
         job that has ended: every writer checks the status first, so nothing re-creates these keys."""
         n = self.names
+        await self.scheduler.drop(job.model, job.shard, job.id, job.tenant, job.priority)
         await self.clear_scratch(job.id)
         await self.redis.delete(*n.job_keys(job.id))
         pipe = self.redis.pipeline(transaction=False)

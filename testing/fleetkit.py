@@ -509,6 +509,14 @@ def manifest_segments(settings: Settings, job_id: str, tenant: str = "default") 
     return [s["index"] for s in manifest(settings, job_id, tenant)["segments"]]
 
 
+def unstarted_tasks(r: redis.Redis, names: Names, model: str = "tiny", shard: int = 0) -> int:
+    """Tasks no engine has taken: queued by the scheduler, or admitted to the stream but not read."""
+    queued = sum(int(r.get(f"{names.queues(model, shard)}:queued:{c}") or 0) for c in ("interactive", "batch"))
+    stream = names.tasks(model, shard)
+    pending = r.xpending(stream, AR_GROUP)["pending"] if r.exists(stream) else 0
+    return queued + r.xlen(stream) - pending
+
+
 def delete_prefix(url: str, prefix: str) -> None:
     client = redis.Redis.from_url(url)
     for pattern in (f"{prefix}:*", f"rq:*{prefix}*"):
@@ -648,7 +656,7 @@ class PausedRun:
     peak_submit: int  # used_memory peak from submit to SIGCONT (the submit's MULTI included)
     peak_run: int  # used_memory peak over the whole run (decoders and assembler at work after SIGCONT)
     started_paused: int  # segments started (attempt numbers handed out) while decoders were stopped
-    tasks_left: int  # task entries never read while decoders were stopped
+    tasks_left: int  # tasks never started while decoders were stopped (queued or admitted)
     codes_paused: int  # code-chunk entries waiting while decoders were stopped
     held_s: float  # how long the AR stage was watched standing still
     moved_while_held: bool  # whether anything moved while it was watched
@@ -715,14 +723,14 @@ def paused_decoders_run(
         baseline = max(baseline, valkey.used_memory())
         time.sleep(0.2)
     bound = MemoryBound.derive(fleet.settings, ar_workers, text, baseline)
-    tasks, codes = names.tasks("tiny"), names.codes("tiny")
+    codes = names.codes("tiny")
     started = time.monotonic()
     with MemorySampler(valkey.url) as whole, fleet.client() as client:
         with stopped(fleet.supervisor, "decoder-"), MemorySampler(valkey.url) as with_submit:
             job_id = submit(client, text=text)["id"]
 
             def state() -> tuple[int, int, int]:
-                return r.hlen(names.attempts(job_id)), r.xlen(codes), r.xlen(tasks)
+                return r.hlen(names.attempts(job_id)), r.xlen(codes), unstarted_tasks(r, names)
 
             last, still_since = state(), time.monotonic()
             while time.monotonic() - still_since < 3.0 or last[1] <= fleet.settings.max_stream_backlog:

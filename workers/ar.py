@@ -152,10 +152,11 @@ class ARWorker(Stage[SegmentTask]):
         codes = ctx.names.codes(model)
         super().__init__(
             ctx,
-            [ctx.names.tasks(model)],
+            [ctx.names.tasks(model, shard) for shard in range(ctx.settings.task_shards)],
             transport=transport,
             live_models=[model],
             backlog_streams=[codes, ctx.names.audio()],  # decoders or assemblers behind: hold new segments
+            admit_models=[model],  # free slots take the next segments the scheduler picks
         )
         self.model = model
         self.synth = synth

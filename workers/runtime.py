@@ -41,8 +41,15 @@ class WorkerContext:
         store = JobStore.for_settings(redis, settings)
         return cls(settings, redis, names, store, storage_from_settings(settings), asyncio.Event())
 
-    def redis_streams(self, streams: list[str], group: str, kind: str) -> RedisStreams:
-        """Redis Streams as a stage's transport, with the fleet's lease and dead-letter settings."""
+    def redis_streams(
+        self, streams: list[str], group: str, kind: str, admit_models: list[str] | None = None
+    ) -> RedisStreams:
+        """Redis Streams as a stage's transport, with the fleet's lease and dead-letter settings;
+        ``admit_models``: the models whose queued tasks it admits before each read (jobs/scheduler.py)."""
+
+        async def admit(wanted: int) -> int:
+            return sum([await self.store.scheduler.admit(m, group, wanted) for m in admit_models or ()])
+
         return RedisStreams(
             self.redis,
             streams,
@@ -50,6 +57,7 @@ class WorkerContext:
             consumer_name(kind),
             dead_letter_stream=self.names.dead_letters(),
             reclaim_idle_ms=self.settings.reclaim_idle_ms,
+            admit=admit if admit_models else None,
         )
 
     async def close(self) -> None:

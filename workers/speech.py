@@ -102,10 +102,11 @@ class SpeechWorker(Stage[SegmentTask]):
         models = list(speakers)
         super().__init__(
             ctx,
-            [ctx.names.tasks(m) for m in models],
+            [ctx.names.tasks(m, shard) for m in models for shard in range(ctx.settings.task_shards)],
             transport=transport,
             live_models=models,
             backlog_streams=[ctx.names.audio()],  # no new segment while the assemblers have a backlog
+            admit_models=models,
         )
         self.speakers = speakers
         log.info("speech worker for %s", ", ".join(models))

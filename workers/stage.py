@@ -91,9 +91,10 @@ class Stage(Generic[M]):
         transport: Transport | None = None,
         live_models: list[str] | None = None,
         backlog_streams: list[str] | None = None,
+        admit_models: list[str] | None = None,
     ) -> None:
         self.ctx = ctx
-        self.transport = transport or ctx.redis_streams(streams, self.group, self.kind)
+        self.transport = transport or ctx.redis_streams(streams, self.group, self.kind, admit_models)
         s = ctx.settings
         self.policy = RetryPolicy(
             s.max_deliveries,

@@ -23,7 +23,7 @@ import os
 import socket
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
@@ -135,8 +135,11 @@ class RedisStreams(Transport):
         *,
         dead_letter_stream: str,
         reclaim_idle_ms: int,
+        admit: Callable[[int], Awaitable[int]] | None = None,
     ) -> None:
         self.redis = redis
+        #: Before reading new entries: have the scheduler fill the streams (jobs/scheduler.py).
+        self.admit = admit
         self.streams = streams
         self.group = group
         self.name = name
@@ -161,6 +164,8 @@ class RedisStreams(Transport):
             return []
         out = await self._reclaim(count)
         if len(out) < count:
+            if self.admit is not None:
+                await self.admit(count - len(out))
             reply = await self.redis.xreadgroup(
                 self.group,
                 self.name,

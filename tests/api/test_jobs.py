@@ -8,9 +8,9 @@ import json
 import pytest
 
 from api.errors import STATUS, status_of
-from fleet.messages import SegmentTask
 from fleet.names import Names
 from jobs.errors import InvalidEventId, InvalidRequest, JobNotFound, NotReady, TooLarge
+from jobs.store import JobStore
 
 TEXT = "# One\n\nA first sentence. A second one.\n\n# Two\n\nThe end."
 
@@ -21,8 +21,9 @@ def test_a_job_is_accepted_with_its_tasks_and_links(api):
         assert r.status_code == 202, r.text
         body = r.json()
         names = Names("t")
-        tasks = [SegmentTask.decode(f) for _, f in await a.redis.xrange(names.tasks("tiny"))]
         job = await a.redis.hgetall(names.job(body["id"]))
+        store = JobStore.for_settings(a.redis, a.settings)
+        tasks = await store.scheduler.queued_tasks("tiny", int(job[b"shard"]), body["id"])
         return body, tasks, job
 
     body, tasks, job = api(scenario)

@@ -137,3 +137,42 @@ def test_a_poison_segment_is_dead_lettered_and_fails_only_its_job(redis_url, dat
         fleet.stop()
         r.close()
         delete_prefix(redis_url, prefix)
+
+
+@pytest.mark.timeout(1200)
+def test_sigkill_chaos_with_three_tenants_jobs_at_once(chaos_fleet):
+    """Three tenants' jobs admitted side by side (jobs/scheduler.py) under the same storm: each
+    completes with every segment once, in order, and the audio of the undisturbed run."""
+    import asyncio
+
+    from fleet.redis import async_client
+    from jobs.service import JobRequest
+    from jobs.service import submit as submit_job
+    from jobs.store import JobStore
+
+    fleet, valkey, reference, jobs = chaos_fleet
+
+    async def three() -> list[str]:
+        client = async_client(fleet.settings)
+        store = JobStore.for_settings(client, fleet.settings)
+        made = [
+            (await submit_job(store, fleet.settings, JobRequest(text=TEXT, tenant=t, priority="batch"))).id
+            for t in ("alice", "bob", "carol")
+        ]
+        await client.aclose()
+        return made
+
+    ids = asyncio.run(three())
+    jobs.extend(ids)
+    with fleet.client() as client:
+        result = storm(fleet, client, ids[-1], min_kills=20, interval=KILL_EVERY_S, seed=13, valkey=valkey)
+        print(f"\nchaos, 3 tenants: {len(result.kills)} kills {result.kills_by_kind}, {result.wall_s} s")
+        for job_id, tenant in zip(ids, ("alice", "bob", "carol"), strict=True):
+            job = wait_done(client, job_id, timeout=600)
+            assert job["status"] == "done" and job["tenant"] == tenant, f"{job}\n{fleet.logs()}"
+            assert manifest_segments(fleet.settings, job_id, tenant) == list(range(SEGMENTS))
+            np.testing.assert_array_equal(download(client, job_id)[0], reference)
+    names = Names(fleet.settings.key_prefix)
+    with redis.Redis.from_url(valkey.url) as r:
+        assert_nothing_left(r, names, jobs)
+        assert r.xlen(names.dead_letters()) == 0

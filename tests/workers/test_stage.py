@@ -220,11 +220,13 @@ def test_entries_of_ended_jobs_are_dropped_unworked(harness):
 
 
 def test_submit_then_a_real_stage_over_memory_streams(harness):
-    """The job service enqueues on Redis; the same task entries, moved to memory, drive a stage."""
+    """The job service queues on Redis, the scheduler admits; the same task entries, moved to memory,
+    drive a stage."""
     ctx, broker = harness
 
     async def main():
         job = await submit(ctx.store, ctx.settings, JobRequest(text="Alpha. Beta."))
+        assert await ctx.store.scheduler.admit("tiny", "echo", 10) == 2  # queued -> the stage stream
         for _, fields in await ctx.redis.xrange(ctx.names.tasks("tiny")):
             broker.put(ctx.names.tasks("tiny"), fields)
         stage = Echo(ctx, broker.transport([ctx.names.tasks("tiny")]))
