@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import random
 import statistics
@@ -400,10 +401,47 @@ def start_profilers(args, sup, out: Path) -> list:
     return [p for p in procs if p is not None]
 
 
+def p95(values: list[float]) -> float:
+    return sorted(values)[min(len(values) - 1, math.ceil(0.95 * len(values)) - 1)]
+
+
+class ShortJobs:
+    """Two-sentence jobs submitted while the books render (``after_s`` after them, then one every
+    ``every_s``), each from its own tenant-less client: what a user who wants a line read now sees."""
+
+    def __init__(self, base: str, model: str, t0: float, n: int, after_s: float, every_s: float) -> None:
+        self.base, self.model, self.t0, self.n, self.after_s, self.every_s = base, model, t0, n, after_s, every_s
+        self.submitted: list[tuple[str, float]] = []  # (job id, submitted at)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        if n:
+            self._thread.start()
+
+    def _run(self) -> None:
+        import httpx
+
+        with httpx.Client(base_url=self.base, timeout=60) as client:
+            for k in range(self.n):
+                time.sleep(max(0.0, self.t0 + self.after_s + k * self.every_s - time.perf_counter()))
+                t = time.perf_counter()
+                text = f"A short job, number {k}, while the books render. The keeper lit the lamp."
+                r = client.post("/v1/jobs", json={"text": text, "model": self.model, "seed": 700 + k})
+                r.raise_for_status()
+                self.submitted.append((r.json()["id"], t))
+
+    def join(self) -> list[str]:
+        if self.n:
+            self._thread.join()
+        return [job_id for job_id, _ in self.submitted]
+
+    def done_after(self, job: dict) -> float:
+        """Seconds from a short job's submission to its finished file (from its own timestamps)."""
+        return job["finished_at"] - job["created_at"]
+
+
 def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int) -> dict:
     import httpx
 
-    from fleet.names import Names
+    from fleet.names import JobObjects, Names
     from narrate.supervisor import Supervisor, fleet_children, free_port
 
     port = free_port()
@@ -507,9 +545,12 @@ def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int) -> dict
         texts = [book(i, args.sentences) for i in range(args.jobs)]
         t0 = time.perf_counter()
         ids = [submit(text, seed=i)[0] for i, text in enumerate(texts)]
+        shorts = ShortJobs(base, settings.default_model, t0, args.short_jobs, args.short_after_s, args.short_every_s)
         diagnosis = pause_decoders(args, sup, watcher, resources, t0) if args.pause_decoders_s else None
         profilers = start_profilers(args, sup, Path(args.out))
-        jobs = wait(ids, args.timeout, partial=True)
+        books = wait(ids, args.timeout, partial=True)
+        short_ids = shorts.join()
+        jobs = books + (wait(short_ids, args.timeout, partial=True) if short_ids else [])
         for proc in profilers:
             proc.wait(timeout=60)
         wall = time.perf_counter() - t0
@@ -531,8 +572,16 @@ def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int) -> dict
             flush=True,
         )
         first_audio_under_load = min(watcher.first.get(i, float("inf")) for i in ids) - t0
+        short_first_audio = [watcher.first.get(i, float("inf")) - t for i, t in shorts.submitted]
+        if short_first_audio:
+            print(
+                f"RESULT short jobs while the books render: first audio {', '.join(f'{x * 1000:.0f}' for x in short_first_audio)} ms "
+                f"(p50 {statistics.median(short_first_audio) * 1000:.0f} ms, p95 {p95(short_first_audio) * 1000:.0f} ms); "
+                f"done after {', '.join(f'{shorts.done_after(j):.1f}' for j in jobs[len(ids):])} s",
+                flush=True,
+            )
         manifests = (
-            [json.loads((settings.storage_dir / "audio" / f"{i}.json").read_text()) for i in ids]
+            [json.loads((settings.storage_dir / JobObjects(j["tenant"], j["id"]).manifest).read_text()) for j in books]
             if complete
             else []
         )
@@ -545,6 +594,8 @@ def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int) -> dict
             "audio_s": sum(j["audio_seconds"] for j in jobs),
             "file_s": sum(j["duration_s"] or 0 for j in jobs),
             "first_audio_under_load_s": first_audio_under_load,
+            "short_jobs_first_audio_s": short_first_audio,
+            "short_jobs_done_s": [shorts.done_after(j) for j in jobs[len(ids):]],
             "queue_peaks": sampler.peak,
             "redis_memory_peak_mb": sampler.memory_peak / 2**20,
             "resources_steady": steady,
@@ -856,6 +907,8 @@ def fleet_summary(run: dict, change: dict) -> dict:
         "timeline": run["timeline"],
         "resources_steady": run["resources_steady"],
         "queue_peaks": run["queue_peaks"],
+        "short_jobs_first_audio_s": run["short_jobs_first_audio_s"],
+        "short_jobs_done_s": run["short_jobs_done_s"],
     }
 
 
@@ -923,6 +976,9 @@ def main() -> int:
         default=0,
         help="raw vLLM's max_num_seqs, where it differs from one AR engine's (default: the same)",
     )
+    parser.add_argument("--short-jobs", type=int, default=0, help="2-sentence jobs submitted while the books render")
+    parser.add_argument("--short-after-s", type=float, default=8.0, help="the first one this long after the books")
+    parser.add_argument("--short-every-s", type=float, default=6.0, help="and the next ones this far apart")
     parser.add_argument("--assemblers", type=int, default=1)
     parser.add_argument("--stream-interval", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=1200)
@@ -985,6 +1041,10 @@ def main() -> int:
         # random weights rarely sample the stop token: most segments end at their token budget,
         # which for "orpheus" is a runaway; measure one try per segment, flagged, not three
         runaway_retries=0,
+        # the bench polls every job's status 20 times a second: no tenant quota may throttle it
+        tenant_requests_per_minute=10**7,
+        tenant_concurrent_jobs=10_000,
+        tenant_chars_per_day=10**12,
     )
     if args.model == "orpheus-3b-dummy":
         overrides.update(
@@ -1057,6 +1117,8 @@ def main() -> int:
         "ttfa_idle_median_s": statistics.median(fleet["ttfa_s"]),
         "ttfa_idle_stages_s": fleet["ttfa_stages_s"],
         "first_audio_under_load_s": fleet["first_audio_under_load_s"],
+        "short_jobs_first_audio_s": fleet["short_jobs_first_audio_s"],
+        "short_jobs_done_s": fleet["short_jobs_done_s"],
         "queue_peaks": fleet["queue_peaks"],
         "redis_memory_peak_mb": fleet["redis_memory_peak_mb"],
         "fleet_timeline": fleet["timeline"],

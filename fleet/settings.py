@@ -126,6 +126,10 @@ class Settings(BaseSettings):
     #: Jobs of at most this many segments are "interactive" unless they say otherwise: their segments
     #: go before every batch job's.
     interactive_max_segments: int = Field(default=20, ge=0)
+    #: Admission policy (jobs/scheduler.py): "fair", or "fifo": every task straight into the stage
+    #: stream at submission, in arrival order (the policy before fair scheduling; a baseline for
+    #: bench/ that gives up fairness and O(1) cancels: workers skip an ended job's tasks).
+    scheduling: Literal["fair", "fifo"] = "fair"
     #: Workers refresh their readiness entry this often; one silent for 3 heartbeats is dead (s).
     heartbeat_s: float = 5.0
     #: Code chunks decoded together by one decoder.

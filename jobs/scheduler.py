@@ -18,6 +18,9 @@ about to take, and the choice of what comes next is made then, by policy, not at
 Stride scheduling rather than deficit round robin: every task costs one engine slot, so the quantum
 is the task and the pass is all the state a tenant needs (one sorted set per class gives the next).
 
+``fifo`` (the ``scheduling`` setting) is the policy before this one, kept as bench/'s baseline: tasks
+go straight into the stage stream at submission, in arrival order; nothing is queued or admitted.
+
 Cancelling a job drops its queue in O(1) (``drop``). Every key of a shard carries the shard's hash tag,
 so each script touches one Redis Cluster slot; a job's shard is a hash of its id over ``task_shards``.
 """
@@ -41,10 +44,11 @@ def shard_of(job_id: str, shards: int) -> int:
 
 
 class Scheduler:
-    def __init__(self, redis: aioredis.Redis, names: Names, shards: int = 1) -> None:
+    def __init__(self, redis: aioredis.Redis, names: Names, shards: int = 1, fifo: bool = False) -> None:
         self.redis = redis
         self.names = names
         self.shards = max(shards, 1)
+        self.fifo = fifo
         self._enqueue = redis.register_script(scripts.ENQUEUE)
         self._admit = redis.register_script(scripts.ADMIT)
         self._drop = redis.register_script(scripts.DROP)
@@ -54,26 +58,42 @@ class Scheduler:
         self, model: str, shard: int, job_id: str, tenant: str, klass: str, weight: int,
         tasks: list[SegmentTask], front: bool = False,
     ) -> int:  # fmt: skip
-        """Queue tasks of a job (at its end, or its ``front``: a retry); returns its queue's length."""
+        """Queue tasks of a job (at its end, or its ``front``: a retry); returns its queue's length.
+        Then one task (the policy's pick) is admitted if the stream has none waiting: a worker idle in
+        its blocking read wakes at once instead of at its next read."""
+        if self.fifo:
+            return await self._append(model, shard, tasks)
         args = [job_id, tenant, klass, max(weight, 1), int(front), *(t.header() for t in tasks)]
-        return int(await self._enqueue([self.names.queues(model, shard)], args))
+        length = int(await self._enqueue([self.names.queues(model, shard)], args))
+        await self._admit_shard(model, shard, 1)
+        return length
+
+    async def _append(self, model: str, shard: int, tasks: list[SegmentTask]) -> int:
+        pipe = self.redis.pipeline(transaction=True)
+        for task in tasks:
+            pipe.xadd(self.names.tasks(model, shard), task.encode())
+        await pipe.execute()
+        return 0
+
+    async def _admit_shard(self, model: str, shard: int, wanted: int) -> int:
+        keys = [self.names.tasks(model, shard), self.names.queues(model, shard)]
+        return int(await self._admit(keys, [wanted, SCHEMA_VERSION]))
 
     async def admit(self, model: str, group: str, wanted: int) -> int:
-        """Fill each shard's stage stream of ``model`` up to ``wanted`` undelivered tasks; how many moved."""
-        moved = 0
-        for shard in range(self.shards):
-            keys = [self.names.tasks(model, shard), self.names.queues(model, shard)]
-            moved += int(await self._admit(keys, [group, wanted, SCHEMA_VERSION]))
-        return moved
+        """Fill each shard's stage stream of ``model`` up to ``wanted`` undelivered tasks; how many
+        moved. (``group``: the readers' consumer group; every group's pending entries count.)"""
+        if self.fifo:
+            return 0
+        return sum([await self._admit_shard(model, shard, wanted) for shard in range(self.shards)])
 
     async def drop(self, model: str, shard: int, job_id: str, tenant: str, klass: str) -> int:
         """Drop a job's queued tasks (it ended or was deleted); how many there were."""
         return int(await self._drop([self.names.queues(model, shard)], [job_id, tenant, klass]))
 
-    async def place(self, model: str, shard: int, group: str, job_id: str, tenant: str, klass: str):
+    async def place(self, model: str, shard: int, job_id: str, tenant: str, klass: str):
         """(the job's queued tasks, an estimate of the tasks that go before its next one)."""
         keys = [self.names.tasks(model, shard), self.names.queues(model, shard)]
-        queued, ahead = await self._place(keys, [group, job_id, tenant, klass])
+        queued, ahead = await self._place(keys, [job_id, tenant, klass])
         return int(queued), int(ahead)
 
     async def queued(self, model: str) -> int:

@@ -155,17 +155,27 @@ end
 return redis.call('LLEN', queue)
 """
 
-# KEYS: work stream, queue base | ARGV: consumer group, wanted, schema version
-# Moves tasks from the queues to the work stream until it holds ``wanted`` entries not yet delivered
-# (entries still in the stream minus those pending): interactive before batch; between tenants the one
-# with the lowest pass, which then advances by 1/weight (stride scheduling); within a tenant its job
-# with the lowest pass (round robin); within a job, book order. Returns how many it moved.
-ADMIT = """
+#: Lua: the entries of a stream not yet delivered to any consumer (in it, minus those pending).
+_UNDELIVERED = """
+local function undelivered(stream)
+  local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', stream)
+  if not ok then return 0 end
+  local pending = 0
+  for _, group in ipairs(groups) do
+    for i = 1, #group, 2 do if group[i] == 'pending' then pending = pending + group[i + 1] end end
+  end
+  return redis.call('XLEN', stream) - pending
+end
+"""
+
+# KEYS: work stream, queue base | ARGV: wanted, schema version
+# Moves tasks from the queues to the work stream until it holds ``wanted`` entries not yet delivered:
+# interactive before batch; between tenants the one with the lowest pass, which then advances by
+# 1/weight (stride scheduling); within a tenant its job with the lowest pass (round robin); within a
+# job, book order. Returns how many it moved.
+ADMIT = _UNDELIVERED + """
 local base = KEYS[2]
-local undelivered = redis.call('XLEN', KEYS[1])
-local ok, summary = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[1])
-if ok then undelivered = undelivered - summary[1] end
-local want = tonumber(ARGV[2]) - undelivered
+local want = tonumber(ARGV[1]) - undelivered(KEYS[1])
 local moved = 0
 local guard = 0
 while moved < want and guard < 10 * want + 100 do
@@ -187,7 +197,7 @@ while moved < want and guard < 10 * want + 100 do
     local queue = base .. ':job:' .. job
     local task = redis.call('LPOP', queue)
     if task then
-      redis.call('XADD', KEYS[1], '*', 'v', ARGV[3], 'h', task)
+      redis.call('XADD', KEYS[1], '*', 'v', ARGV[2], 'h', task)
       redis.call('DECR', base .. ':queued:' .. class)
       moved = moved + 1
     end
@@ -219,16 +229,13 @@ if redis.call('ZCARD', jobs) == 0 then redis.call('ZREM', base .. ':tenants:' ..
 return n
 """
 
-# KEYS: work stream, queue base | ARGV: consumer group, job, tenant, class
+# KEYS: work stream, queue base | ARGV: job, tenant, class
 # Where a job stands: {its queued tasks, an estimate of the tasks that go before its next one (what
 # the stream holds undelivered, everything queued in a higher class, a turn of each tenant whose
 # pass is lower than its tenant's and of each of its tenant's jobs before it)}.
-PLACE = """
-local base, job, tenant, class = KEYS[2], ARGV[2], ARGV[3], ARGV[4]
-local undelivered = redis.call('XLEN', KEYS[1])
-local ok, summary = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[1])
-if ok then undelivered = undelivered - summary[1] end
-local ahead = undelivered
+PLACE = _UNDELIVERED + """
+local base, job, tenant, class = KEYS[2], ARGV[1], ARGV[2], ARGV[3]
+local ahead = undelivered(KEYS[1])
 if class == 'batch' then ahead = ahead + tonumber(redis.call('GET', base .. ':queued:interactive') or '0') end
 local tenants = base .. ':tenants:' .. class
 local pass = redis.call('ZSCORE', tenants, tenant)

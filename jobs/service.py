@@ -13,7 +13,6 @@ import uuid
 from dataclasses import dataclass
 
 from fleet.messages import SegmentTask
-from fleet.names import AR_GROUP, SPEECH_GROUP
 from fleet.settings import Settings
 from fleet.storage import Storage
 from jobs.audio import FORMATS, SAMPLE_RATES
@@ -24,7 +23,7 @@ from jobs.scheduler import BATCH, CLASSES, INTERACTIVE, shard_of
 from jobs.segmentation import Plan, Segment, plan_text
 from jobs.store import JobStore
 from jobs.tenants import DEFAULT_TENANT, Principal
-from models.registry import MODELS, UnknownModelError, get_model
+from models.registry import UnknownModelError, get_model
 
 
 @dataclass(frozen=True)
@@ -211,9 +210,7 @@ async def place(store: JobStore, job: Job) -> tuple[int, int] | None:
     """(queued segments, segments ahead) of a job still waiting for engines; None once it is not."""
     if job.status.terminal:
         return None
-    spec = MODELS.get(job.model)
-    group = SPEECH_GROUP if spec is not None and spec.single_stage else AR_GROUP
-    return await store.scheduler.place(job.model, job.shard, group, job.id, job.tenant, job.priority)
+    return await store.scheduler.place(job.model, job.shard, job.id, job.tenant, job.priority)
 
 
 @dataclass(frozen=True)

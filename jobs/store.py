@@ -43,14 +43,15 @@ class SegmentResult:
 
 class JobStore:
     def __init__(
-        self, redis: aioredis.Redis, names: Names, *, events_maxlen: int, result_ttl_s: int, shards: int = 1
-    ) -> None:
+        self, redis: aioredis.Redis, names: Names, *, events_maxlen: int, result_ttl_s: int, shards: int = 1,
+        scheduling: str = "fair",
+    ) -> None:  # fmt: skip
         self.redis = redis
         self.names = names
         self.events_maxlen = events_maxlen
         self.result_ttl_s = result_ttl_s
         #: The admission queues of every job's tasks (jobs/scheduler.py).
-        self.scheduler = Scheduler(redis, names, shards)
+        self.scheduler = Scheduler(redis, names, shards, fifo=scheduling == "fifo")
         self._start_segment = redis.register_script(scripts.START_SEGMENT)
         self._add_delta = redis.register_script(scripts.ADD_DELTA)
         self._segment_done = redis.register_script(scripts.SEGMENT_DONE)
@@ -67,6 +68,7 @@ class JobStore:
             events_maxlen=settings.events_maxlen,
             result_ttl_s=settings.result_ttl_s,
             shards=settings.task_shards,
+            scheduling=settings.scheduling,
         )
 
     # --- creation and reads -------------------------------------------------------------------------

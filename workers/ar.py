@@ -140,6 +140,7 @@ class ARWorker(Stage[SegmentTask]):
     group = AR_GROUP
     message = SegmentTask
     activity = "narrating"
+    drop_ended_first = False  # START_SEGMENT refuses an ended job
 
     def __init__(
         self,

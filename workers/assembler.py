@@ -39,6 +39,7 @@ class Assembler(Stage[AudioChunk]):
     group = ASSEMBLER_GROUP
     message = AudioChunk
     activity = "assembling"
+    drop_ended_first = False  # ADD_DELTA drops an ended job's chunks
     batch_size = 64
 
     def __init__(

@@ -82,6 +82,10 @@ class Stage(Generic[M]):
     activity: ClassVar[str]
     #: Entries taken per read.
     batch_size: int = 1
+    #: Read the statuses of the batch's jobs and drop the entries of ended ones before any work (the
+    #: decoder: saves decoding). Stages whose first write is a status-checked script (START_SEGMENT,
+    #: ADD_DELTA) skip this round trip: the script drops them.
+    drop_ended_first: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -230,6 +234,8 @@ class Stage(Generic[M]):
                 await self.settle(Work(d, message), exc)
                 continue
             readable.append(Work(d, message))
+        if not self.drop_ended_first:
+            return readable
         # drop the work of jobs that ended (cancelled, failed) or vanished, unworked
         statuses = await self.ctx.store.statuses({w.message.job_id for w in readable})
         ended = [w for w in readable if (st := statuses[w.message.job_id]) is None or st.terminal]

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from api.errors import STATUS, status_of
+from fleet.messages import SegmentTask
 from fleet.names import Names
 from jobs.errors import InvalidEventId, InvalidRequest, JobNotFound, NotReady, TooLarge
 from jobs.store import JobStore
@@ -23,10 +24,13 @@ def test_a_job_is_accepted_with_its_tasks_and_links(api):
         names = Names("t")
         job = await a.redis.hgetall(names.job(body["id"]))
         store = JobStore.for_settings(a.redis, a.settings)
-        tasks = await store.scheduler.queued_tasks("tiny", int(job[b"shard"]), body["id"])
-        return body, tasks, job
+        shard = int(job[b"shard"])
+        admitted = [SegmentTask.decode(f) for _, f in await a.redis.xrange(names.tasks("tiny", shard))]
+        tasks = admitted + await store.scheduler.queued_tasks("tiny", shard, body["id"])
+        return body, tasks, job, admitted
 
-    body, tasks, job = api(scenario)
+    body, tasks, job, admitted = api(scenario)
+    assert [t.segment for t in admitted] == [0]  # one admitted at once (an idle worker wakes), the rest queued
     assert body["status"] == "queued" and body["segments_total"] == 5 and body["chapters"] == 2
     links = body["links"]
     assert links["self"] == f"/v1/jobs/{body['id']}"

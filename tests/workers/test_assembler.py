@@ -9,7 +9,7 @@ import fakeredis
 import numpy as np
 import pytest
 
-from fleet.messages import AudioChunk
+from fleet.messages import AudioChunk, SegmentTask
 from fleet.names import Names
 from fleet.settings import Settings
 from fleet.storage import LocalStorage
@@ -155,7 +155,8 @@ def test_a_near_silent_segment_is_retried_with_the_next_seed_then_kept_flagged(h
         hush = np.full(4000, 3, dtype="<i2").tobytes()  # -80 dBFS: near-silence
         # try 0 (attempt 1) is silent: not recorded, its next try is queued with retry 1
         await deliver(ctx, assembler, [AudioChunk(job.id, 0, 1, 0, True, 24000, hush, retry=0)])
-        queued = await ctx.store.scheduler.queued_tasks("tiny", job.shard, job.id)
+        admitted = [SegmentTask.decode(f) for _, f in await ctx.redis.xrange(ctx.names.tasks("tiny"))]
+        queued = admitted + await ctx.store.scheduler.queued_tasks("tiny", job.shard, job.id)
         after_first = await ctx.store.completed_segments(job.id)
         # a late copy of attempt 1's audio is dropped; the last try (retry 2) is silent again: kept, flagged
         late = await ctx.store.add_delta(AudioChunk(job.id, 0, 1, 0, True, 24000, hush, retry=0))
@@ -166,7 +167,8 @@ def test_a_near_silent_segment_is_retried_with_the_next_seed_then_kept_flagged(h
     retries = [t for t in queued if t.segment == 0 and t.retry == 1]
     (first,) = [t for t in queued if t.segment == 0 and t.retry == 0]
     assert len(retries) == 1 and retries[0].text == "Quiet here." and retries[0].seed == first.seed
-    assert queued[0] == retries[0]  # the retry goes first, before the rest of the job
+    # admitted at job creation: segment 0; queued: the retry first, before the rest of the job
+    assert queued[0] == first and queued[1] == retries[0]
     assert after_first == {} and late == "stale"
     assert not ctx.storage.exists(job.objects.part(0, 1))
     assert asyncio.run(ctx.store.completed_segments(job.id)) == {0: (3, 4000)}  # the last try, kept
