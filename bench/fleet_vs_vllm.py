@@ -580,6 +580,8 @@ def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int) -> dict
                 f"done after {', '.join(f'{shorts.done_after(j):.1f}' for j in jobs[len(ids):])} s",
                 flush=True,
             )
+            for job_id, t in shorts.submitted:
+                print("short job stages: " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in watcher.stages(job_id, t).items()))
         manifests = (
             [json.loads((settings.storage_dir / JobObjects(j["tenant"], j["id"]).manifest).read_text()) for j in books]
             if complete
@@ -596,6 +598,7 @@ def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int) -> dict
             "first_audio_under_load_s": first_audio_under_load,
             "short_jobs_first_audio_s": short_first_audio,
             "short_jobs_done_s": [shorts.done_after(j) for j in jobs[len(ids):]],
+            "short_jobs_stages_s": [watcher.stages(job_id, t) for job_id, t in shorts.submitted],
             "queue_peaks": sampler.peak,
             "redis_memory_peak_mb": sampler.memory_peak / 2**20,
             "resources_steady": steady,

@@ -65,6 +65,8 @@ class SegmentTask:
     pitch: int = field(default=0, kw_only=True)
     #: Runaway retries before this one (0: the first try); the sampling seed derives from it.
     retry: int = field(default=0, kw_only=True)
+    #: Its job is interactive (jobs/scheduler.py): it may take an AR engine's reserved slots.
+    interactive: bool = field(default=False, kw_only=True)
 
     def encode(self) -> Fields:
         return _pack(self.KIND, asdict(self))

@@ -126,6 +126,9 @@ class Settings(BaseSettings):
     #: Jobs of at most this many segments are "interactive" unless they say otherwise: their segments
     #: go before every batch job's.
     interactive_max_segments: int = Field(default=20, ge=0)
+    #: Engine slots of each AR worker beyond max_num_seqs that only interactive segments take: a
+    #: short job starts at once on an engine full of books (no wait for a slot, no admission group).
+    interactive_slots: int = Field(default=4, ge=0)
     #: Admission policy (jobs/scheduler.py): "fair", or "fifo": every task straight into the stage
     #: stream at submission, in arrival order (the policy before fair scheduling; a baseline for
     #: bench/ that gives up fairness and O(1) cancels: workers skip an ended job's tasks).

@@ -75,16 +75,20 @@ class Scheduler:
         await pipe.execute()
         return 0
 
-    async def _admit_shard(self, model: str, shard: int, wanted: int) -> int:
+    async def _admit_shard(self, model: str, shard: int, wanted: int, interactive_extra: int = 0) -> int:
         keys = [self.names.tasks(model, shard), self.names.queues(model, shard)]
-        return int(await self._admit(keys, [wanted, SCHEMA_VERSION]))
+        return int(await self._admit(keys, [max(wanted, 0), SCHEMA_VERSION, max(interactive_extra, 0)]))
 
-    async def admit(self, model: str, group: str, wanted: int) -> int:
-        """Fill each shard's stage stream of ``model`` up to ``wanted`` undelivered tasks; how many
-        moved. (``group``: the readers' consumer group; every group's pending entries count.)"""
+    async def admit(self, model: str, group: str, wanted: int, interactive_extra: int = 0) -> int:
+        """Fill each shard's stage stream of ``model`` up to ``wanted`` undelivered tasks, and up to
+        ``interactive_extra`` more of interactive jobs (a worker's reserved slots); how many moved.
+        (``group``: the readers' consumer group; every group's pending entries count.)"""
         if self.fifo:
             return 0
-        return sum([await self._admit_shard(model, shard, wanted) for shard in range(self.shards)])
+        moved = 0
+        for shard in range(self.shards):
+            moved += await self._admit_shard(model, shard, wanted, interactive_extra)
+        return moved
 
     async def drop(self, model: str, shard: int, job_id: str, tenant: str, klass: str) -> int:
         """Drop a job's queued tasks (it ended or was deleted); how many there were."""

@@ -168,21 +168,25 @@ local function undelivered(stream)
 end
 """
 
-# KEYS: work stream, queue base | ARGV: wanted, schema version
-# Moves tasks from the queues to the work stream until it holds ``wanted`` entries not yet delivered:
+# KEYS: work stream, queue base | ARGV: wanted, schema version, interactive extra
+# Moves tasks from the queues to the work stream until it holds ``wanted`` entries not yet delivered,
+# or ``wanted`` + ``interactive extra`` while interactive tasks are queued (slots only they take):
 # interactive before batch; between tenants the one with the lowest pass, which then advances by
 # 1/weight (stride scheduling); within a tenant its job with the lowest pass (round robin); within a
 # job, book order. Returns how many it moved.
 ADMIT = _UNDELIVERED + """
 local base = KEYS[2]
 local want = tonumber(ARGV[1]) - undelivered(KEYS[1])
+local want_interactive = want + tonumber(ARGV[3] or '0')
 local moved = 0
 local guard = 0
-while moved < want and guard < 10 * want + 100 do
+while moved < want_interactive and guard < 10 * want_interactive + 100 do
   guard = guard + 1
   local class = nil
-  for _, c in ipairs({'interactive', 'batch'}) do
-    if redis.call('ZCARD', base .. ':tenants:' .. c) > 0 then class = c; break end
+  if redis.call('ZCARD', base .. ':tenants:interactive') > 0 then
+    class = 'interactive'
+  elseif moved < want and redis.call('ZCARD', base .. ':tenants:batch') > 0 then
+    class = 'batch'
   end
   if not class then break end
   local tenants = base .. ':tenants:' .. class

@@ -154,6 +154,7 @@ def segment_task(job: Job, segment: Segment, retry: int = 0) -> SegmentTask:
         rate=job.rate,
         pitch=job.pitch,
         retry=retry,
+        interactive=job.priority == INTERACTIVE,
     )
 
 

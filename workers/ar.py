@@ -149,7 +149,10 @@ class ARWorker(Stage[SegmentTask]):
         synth: SegmentSynthesizer,
         max_in_flight: int,
         transport: Transport | None = None,
+        interactive_slots: int = 0,
     ) -> None:
+        """``max_in_flight``: segments of batch jobs at once; ``interactive_slots`` more only
+        interactive jobs' segments take (the engine has room for both)."""
         codes = ctx.names.codes(model)
         super().__init__(
             ctx,
@@ -162,6 +165,8 @@ class ARWorker(Stage[SegmentTask]):
         self.model = model
         self.synth = synth
         self.max_in_flight = max_in_flight
+        self.interactive_slots = interactive_slots
+        self._interactive: set[asyncio.Task] = set()  # in-flight segments of interactive jobs
         self.codes_stream = codes
         self._segments: dict[asyncio.Task, str] = {}  # in-flight segment task -> job id
         self._ended_jobs: set[str] = set()
@@ -184,21 +189,29 @@ class ARWorker(Stage[SegmentTask]):
             raise PermanentError(f"this AR worker serves {self.model!r}, not {task.model!r}")
 
     async def room(self) -> int:
-        """Free engine slots (continuous batching), after admission grouping and back-pressure."""
+        """Free engine slots (continuous batching), after admission grouping and back-pressure. Of
+        these, ``interactive_room`` are the reserved slots that only interactive segments take: they
+        are read for even while the batch slots wait for their admission group."""
         stop = self.ctx.stop
-        free = self.max_in_flight - len(self._segments)
-        if free <= 0:
+        total = self.max_in_flight + self.interactive_slots - len(self._segments)
+        batch_in_flight = len(self._segments) - len(self._interactive)
+        free = min(total, self.max_in_flight - batch_in_flight)
+        self.interactive_room = 0
+        if total <= 0:
             self._slot_freed.clear()
             await first_of(self._slot_freed.wait(), stop.wait())
             return 0
-        if wait := self._admission_wait(free):  # before the Redis round trip of the backlog check
-            self._slot_freed.clear()
-            await first_of(self._slot_freed.wait(), stop.wait(), asyncio.sleep(wait))
-            return 0
+        if free > 0 and (wait := self._admission_wait(free)):  # before the backlog check's round trip
+            if total == free:  # no reserved slot free either: wait for the group
+                self._slot_freed.clear()
+                await first_of(self._slot_freed.wait(), stop.wait(), asyncio.sleep(wait))
+                return 0
+            free = 0  # batch slots wait for their group; the reserved ones are read for now
         if await self.backlogged():
             await first_of(asyncio.sleep(0.2), stop.wait())
             return 0
-        return free
+        self.interactive_room = total - max(free, 0)
+        return total
 
     def _admission_wait(self, free: int) -> float:
         """Seconds to wait before starting segments in ``free`` slots (0: start now). With
@@ -220,6 +233,8 @@ class ARWorker(Stage[SegmentTask]):
         for item in work:
             task = asyncio.create_task(self._run_segment(item))
             self._segments[task] = item.message.job_id
+            if item.message.interactive:
+                self._interactive.add(task)
             task.add_done_callback(self._segment_finished)
 
     async def _run_segment(self, work: Work[SegmentTask]) -> None:
@@ -238,6 +253,7 @@ class ARWorker(Stage[SegmentTask]):
 
     def _segment_finished(self, task: asyncio.Task) -> None:
         self._segments.pop(task, None)
+        self._interactive.discard(task)
         self._slot_freed.set()
 
     async def wind_down(self) -> None:
@@ -332,6 +348,7 @@ async def run_ar_worker(ctx: WorkerContext, model: str) -> None:
         return
     synth = await asyncio.to_thread(SegmentSynthesizer.for_model, spec, ctx.settings, engine)
     try:
-        await ARWorker(ctx, model, synth, engine.max_num_seqs).run()
+        reserved = min(ctx.settings.interactive_slots, engine.max_num_seqs - 1)
+        await ARWorker(ctx, model, synth, engine.max_num_seqs - reserved, interactive_slots=reserved).run()
     finally:
         await engine.shutdown()

@@ -42,13 +42,21 @@ class WorkerContext:
         return cls(settings, redis, names, store, storage_from_settings(settings), asyncio.Event())
 
     def redis_streams(
-        self, streams: list[str], group: str, kind: str, admit_models: list[str] | None = None
+        self,
+        streams: list[str],
+        group: str,
+        kind: str,
+        admit_models: list[str] | None = None,
+        reserved: Callable[[], int] | None = None,
     ) -> RedisStreams:
         """Redis Streams as a stage's transport, with the fleet's lease and dead-letter settings;
-        ``admit_models``: the models whose queued tasks it admits before each read (jobs/scheduler.py)."""
+        ``admit_models``: the models whose queued tasks it admits before each read (jobs/scheduler.py);
+        ``reserved``: how many of the slots it reads for only interactive tasks may take."""
 
         async def admit(wanted: int) -> int:
-            return sum([await self.store.scheduler.admit(m, group, wanted) for m in admit_models or ()])
+            extra = min(reserved(), wanted) if reserved else 0
+            scheduler = self.store.scheduler
+            return sum([await scheduler.admit(m, group, wanted - extra, extra) for m in admit_models or ()])
 
         return RedisStreams(
             self.redis,

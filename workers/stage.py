@@ -98,7 +98,11 @@ class Stage(Generic[M]):
         admit_models: list[str] | None = None,
     ) -> None:
         self.ctx = ctx
-        self.transport = transport or ctx.redis_streams(streams, self.group, self.kind, admit_models)
+        #: Of the last room(), the slots only interactive tasks may take (AR workers' reserved slots).
+        self.interactive_room = 0
+        self.transport = transport or ctx.redis_streams(
+            streams, self.group, self.kind, admit_models, reserved=lambda: self.interactive_room
+        )
         s = ctx.settings
         self.policy = RetryPolicy(
             s.max_deliveries,

@@ -88,3 +88,39 @@ def test_free_slots_are_taken_anyway_once_the_admission_wait_is_over(make_settin
         assert time.monotonic() - freed >= 0.4  # it waited (ar_admit_wait_ms) for more slots first
 
     run(make_settings(key_prefix, ar_admit_batch=4, ar_admit_wait_ms=500), scenario)
+
+
+def test_an_interactive_job_takes_a_reserved_slot_on_an_engine_full_of_a_book(make_settings, key_prefix):
+    """6 batch slots held by the book (and 1 freed, waiting for its admission group) + 2 reserved:
+    a short job's 2 segments start at once; the book gets none of the reserved slots."""
+    settings = make_settings(key_prefix, ar_admit_batch=4, ar_admit_wait_ms=60_000)
+    book = " ".join(f"Sentence number {i} ends here." for i in range(40))
+
+    async def main() -> None:
+        ctx = WorkerContext.create(settings)
+        await submit(ctx.store, settings, JobRequest(text=book, priority="batch"))
+        synth = HeldSynthesizer()
+        worker = ARWorker(ctx, "tiny", synth, max_in_flight=6, interactive_slots=2)
+        running = asyncio.create_task(worker.run())
+        try:
+            await until(lambda: len(synth.started) == 6)
+            synth.finish(1)  # one batch slot free: it waits for its group of 4
+            await asyncio.sleep(0.5)
+            assert len(synth.started) == 6, "the book took a reserved slot"
+            short = await submit(ctx.store, settings, JobRequest(text="One line. And another."))
+            assert short.priority == "interactive"
+            t0 = time.monotonic()
+            await until(lambda: len(synth.started) == 8, timeout=5)
+            assert time.monotonic() - t0 < 1.0
+            assert sorted(synth.started[6:]) == [0, 1]  # the short job's two segments
+            await asyncio.sleep(0.5)
+            assert len(synth.started) == 8  # and nothing more: the reserved slots are full
+            assert not running.done(), running
+        finally:
+            ctx.stop.set()
+            for event in synth.release.values():
+                event.set()
+            await running
+            await ctx.close()
+
+    asyncio.run(main())
