@@ -61,13 +61,22 @@ async def sse_fanout(base: str, key: str, clients: int, sentences: int) -> dict:
         text = " ".join(f"Sentence number {i} is here." for i in range(sentences))
         job = (await c.post("/v1/jobs", json={"text": text})).json()
 
+        reconnects: list[str] = []
+
         async def follow() -> list[str]:
-            ids = []
-            async with c.stream("GET", f"/v1/jobs/{job['id']}/events") as r:
-                async for line in r.aiter_lines():
-                    if line.startswith("id: "):
-                        ids.append(line[4:])
-            return ids
+            """As an EventSource does: a dropped stream is resumed with Last-Event-ID (counted)."""
+            ids: list[str] = []
+            for _ in range(5):
+                resume = {"Last-Event-ID": ids[-1]} if ids else {}
+                try:
+                    async with c.stream("GET", f"/v1/jobs/{job['id']}/events", headers=resume) as r:
+                        async for line in r.aiter_lines():
+                            if line.startswith("id: "):
+                                ids.append(line[4:])
+                    return ids
+                except httpx.TransportError as exc:
+                    reconnects.append(repr(exc)[:200])
+            raise RuntimeError(f"dropped 5 times: {reconnects[-1]}")
 
         started = time.monotonic()
         streams = await asyncio.gather(*(follow() for _ in range(clients)), return_exceptions=True)
@@ -81,6 +90,8 @@ async def sse_fanout(base: str, key: str, clients: int, sentences: int) -> dict:
             "clients_with_every_event": complete,
             "errors": errors[:5],
             "error_count": len(errors),
+            "reconnects": len(reconnects),
+            "reconnect_reasons": reconnects[:5],
             "wall_s": round(took, 2),
         }
 
