@@ -26,7 +26,7 @@ from api.sse import check_resume, event_stream, resume_point
 from api.state import AppState, app_state
 from fleet.readiness import live_counts
 from jobs import service
-from jobs.audio import FORMATS
+from jobs.encoding import format_named
 from jobs.errors import JobNotFound, NotReady
 from jobs.idempotency import Idempotency
 from jobs.model import Job, JobStatus
@@ -175,7 +175,7 @@ async def get_audio(job_id: str, st: AppState = State, who: Principal = Depends(
     path = st.storage.local_path(job.audio_key)
     if path is None:
         raise JobNotFound(f"the audio of job {job_id} is no longer stored")
-    return FileResponse(path, media_type=FORMATS[job.format][2], filename=filename)
+    return FileResponse(path, media_type=format_named(job.format).content_type, filename=filename)
 
 
 @router.api_route(

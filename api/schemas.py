@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleet.settings import Settings
-from jobs.audio import FORMATS
+from jobs.encoding import format_names
 from jobs.model import Job, JobStatus
 from jobs.service import JobRequest
 from models.registry import ModelSpec
@@ -39,7 +39,16 @@ class JobCreate(BaseModel):
     model: str | None = Field(
         default=None, max_length=100, description="A model this fleet serves; default: the fleet's default."
     )
-    format: str = Field(default="wav", max_length=20, description=f"Output format: {', '.join(FORMATS)}.")
+    format: str = Field(default="wav", max_length=20, description=f"Output format: {', '.join(format_names())}.")
+    bitrate_kbps: int | None = Field(
+        default=None, description="Compressed formats: kb/s (default: a speech default, e.g. 64 for AAC, 32 for Opus)."
+    )
+    author: str = Field(default="", max_length=500, description="The file's author (artist) tag.")
+    narrator: str | None = Field(
+        default=None, max_length=500, description="The file's narrator (composer) tag; default: the voice's name."
+    )
+    year: int | None = Field(default=None, description="The file's year (date) tag.")
+    language: str = Field(default="", max_length=35, description="The file's language tag, e.g. en or eng.")
     sample_rate: int | None = Field(
         default=None, gt=0, description="Output sample rate; default: the model's."
     )
@@ -69,6 +78,11 @@ class JobCreate(BaseModel):
             model=self.model,
             format=self.format,
             sample_rate=self.sample_rate,
+            bitrate_kbps=self.bitrate_kbps,
+            author=self.author,
+            narrator=self.narrator,
+            year=self.year,
+            language=self.language,
             seed=self.seed,
             markdown=self.text_format == "markdown",
             rate=self.rate,
@@ -129,6 +143,9 @@ class JobView(BaseModel):
     voice: str
     format: str
     sample_rate: int
+    bitrate_kbps: int | None = Field(default=None, description="The encoder's bitrate, for compressed formats.")
+    author: str = ""
+    narrator: str = ""
     rate: int | None = Field(
         default=None, description="Speaking rate (words per minute), if the model has one."
     )
@@ -162,6 +179,9 @@ class JobView(BaseModel):
             voice=job.voice,
             format=job.format,
             sample_rate=job.sample_rate,
+            bitrate_kbps=job.bitrate_kbps or None,
+            author=job.author,
+            narrator=job.narrator,
             rate=job.rate or None,
             pitch=job.pitch if job.rate else None,
             segments_done=job.segments_done,

@@ -1,7 +1,9 @@
 """Stitching: assembled segments + structural pauses -> one encoded file, streamed (bounded memory).
 
 The file's length is exactly the segments' samples plus the pauses (at the model's rate; resampling
-to another output rate goes through one continuous soxr stream, so it stays within a sample).
+to another output rate goes through one continuous soxr stream, so it stays within a sample). The
+chapter marks are known before the first sample is written (from the segments' lengths), so formats
+that keep them in their header (MP3, Ogg) get them too (jobs/encoding.py).
 """
 
 from __future__ import annotations
@@ -11,15 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import soundfile as sf
 
+from jobs.encoding import FORMATS, Chapter, format_named, open_sink
+from jobs.segmentation import Chapter as PlanChapter
 from jobs.segmentation import Pause, Plan
 
-#: Output formats: name -> (soundfile format, subtype, content type).
-FORMATS: dict[str, tuple[str, str, str]] = {
-    "wav": ("WAV", "PCM_16", "audio/wav"),
-    "flac": ("FLAC", "PCM_16", "audio/flac"),
-}
+__all__ = ["FORMATS", "SAMPLE_RATES", "Manifest", "Pauses", "chapter_marks", "format_named", "stitch"]
+
 SAMPLE_RATES = (16_000, 22_050, 24_000, 32_000, 44_100, 48_000)
 
 
@@ -60,6 +60,28 @@ class Manifest:
         }
 
 
+def chapter_title(chapter: PlanChapter) -> str:
+    """A chapter's title as files and manifests show it (the text before the first heading has none)."""
+    return chapter.title or f"Chapter {chapter.index + 1}"
+
+
+def chapter_marks(plan: Plan, samples: dict[int, int], pauses: Pauses, model_rate: int) -> list[Chapter]:
+    """Each chapter's title and [start, end) in seconds, from the segments' lengths (model-rate
+    samples) and the pauses: where ``stitch`` will put them."""
+    starts: list[tuple[str, int]] = []
+    first_of = {c.first_segment: c for c in plan.chapters}
+    position = 0
+    for segment in plan.segments:
+        if (chapter := first_of.get(segment.index)) is not None:
+            starts.append((chapter_title(chapter), position))
+        position += samples[segment.index] + pauses.samples(segment.pause_after, model_rate)
+    ends = [start for _, start in starts[1:]] + [position]
+    return [
+        Chapter(title, start / model_rate, end / model_rate)
+        for (title, start), end in zip(starts, ends, strict=True)
+    ]
+
+
 def stitch(
     plan: Plan,
     read_segment: Callable[[int], bytes],
@@ -69,9 +91,15 @@ def stitch(
     model_rate: int,
     out_rate: int,
     pauses: Pauses,
+    samples: dict[int, int] | None = None,
+    kbps: int = 0,
+    tags: dict[str, str] | None = None,
 ) -> Manifest:
-    """Write every segment's PCM (int16 mono at ``model_rate``) with pauses into ``out_path``."""
-    sf_format, subtype, _ = FORMATS[fmt]
+    """Write every segment's PCM (int16 mono at ``model_rate``) with pauses into ``out_path``.
+    ``samples``: each segment's length (model-rate samples), for the chapter marks of formats that
+    embed them; ``kbps``, ``tags``: the encoder's bitrate (0: the format's default) and the file's tags."""
+    spec = format_named(fmt)
+    marks = chapter_marks(plan, samples, pauses, model_rate) if samples is not None and spec.chapters else []
     manifest = Manifest(sample_rate=out_rate)
     chapter_starts = {c.first_segment: c for c in plan.chapters}
     resampler = None
@@ -82,9 +110,8 @@ def stitch(
     ratio = out_rate / model_rate
     position = 0  # input samples (model rate) written so far
 
-    with sf.SoundFile(
-        out_path, "w", samplerate=out_rate, channels=1, format=sf_format, subtype=subtype
-    ) as out:
+    out = open_sink(out_path, spec, out_rate, kbps=kbps, tags=tags, chapters=marks)
+    try:
 
         def write(pcm: np.ndarray, last: bool = False) -> None:
             data = resampler.resample_chunk(pcm, last=last) if resampler is not None else pcm
@@ -96,7 +123,11 @@ def stitch(
             if segment.index in chapter_starts:
                 chapter = chapter_starts[segment.index]
                 manifest.chapters.append(
-                    {"index": chapter.index, "title": chapter.title, "start_s": position / model_rate}
+                    {
+                        "index": chapter.index,
+                        "title": chapter_title(chapter),
+                        "start_s": position / model_rate,
+                    }
                 )
             pcm = np.frombuffer(read_segment(segment.index), dtype="<i2")
             start = position
@@ -119,4 +150,6 @@ def stitch(
                 position += gap
         if resampler is not None:
             write(np.zeros(0, dtype=np.int16), last=True)
+    finally:
+        out.close()
     return manifest

@@ -17,7 +17,7 @@ from fleet.names import JobObjects
 from fleet.redis import async_client, sync_client
 from fleet.settings import Settings
 from fleet.storage import Storage, storage_from_settings
-from jobs.audio import FORMATS, Pauses, stitch
+from jobs.audio import Pauses, format_named, stitch
 from jobs.model import JobStatus
 from jobs.store import JobStore
 from models.registry import MODELS
@@ -87,6 +87,9 @@ class Finalizer:
                 model_rate=model_rate,
                 out_rate=job.sample_rate,
                 pauses=pauses,
+                samples={index: samples for index, (_, samples) in winners.items()},
+                kbps=job.bitrate_kbps,
+                tags=job.tags(),
             )
             flags = await self.store.flags(job_id)
             document = {**manifest.to_dict(job_id), "title": job.title, "flagged_segments": sorted(flags)}
@@ -95,7 +98,7 @@ class Finalizer:
                     entry["runaway"] = flags[entry["index"]]  # kept after its last retry: see docs/models.md
             body = json.dumps(document, ensure_ascii=False).encode()
             await asyncio.to_thread(self.storage.put_bytes, job.objects.manifest, body)
-            await asyncio.to_thread(self.storage.put_file, key, out, FORMATS[job.format][2])
+            await asyncio.to_thread(self.storage.put_file, key, out, format_named(job.format).content_type)
         if not await self.store.finish(job_id, key, manifest.duration_s, audio_url(job_id)):
             # cancelled or deleted while we stitched: what we wrote is garbage, unless another run of
             # this job finished it first (then the file is the job's: same content, same keys)

@@ -79,6 +79,25 @@ class Job:
     #: Its admission class ("interactive" or "batch") and shard (jobs/scheduler.py).
     priority: str = "batch"
     shard: int = 0
+    #: The encoder's bitrate (kb/s; 0: the format's default or lossless) and the file's tags.
+    bitrate_kbps: int = 0
+    author: str = ""
+    narrator: str = ""
+    year: int = 0
+    language: str = ""
+
+    def tags(self) -> dict[str, str]:
+        """The finished file's tags (jobs/encoding.py TAG_KEYS): an audiobook's, as players read them."""
+        return {
+            "title": self.title,
+            "album": self.title,
+            "artist": self.author,
+            "album_artist": self.author,
+            "composer": self.narrator,  # audiobook players show the narrator from here
+            "genre": "Audiobook",
+            "date": str(self.year) if self.year else "",
+            "language": self.language,
+        }
 
     @property
     def objects(self) -> JobObjects:

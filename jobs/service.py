@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from fleet.messages import SegmentTask
 from fleet.settings import Settings
 from fleet.storage import Storage
-from jobs.audio import FORMATS, SAMPLE_RATES
+from jobs.audio import SAMPLE_RATES
+from jobs.encoding import format_named, format_names
 from jobs.errors import QUOTE_LIMIT, InvalidRequest, JobNotFound, QuotaExceeded, TooLarge, quoted
 from jobs.finalize import delete_outputs, forget_finalize
 from jobs.model import Job, JobStatus
@@ -43,6 +44,13 @@ class JobRequest:
     tenant: str = DEFAULT_TENANT
     #: "interactive" or "batch" (jobs/scheduler.py); None: interactive if it is short.
     priority: str | None = None
+    #: Compressed formats: the bitrate in kb/s (None: the format's speech default).
+    bitrate_kbps: int | None = None
+    #: Tags of the file; narrator None: the voice's name.
+    author: str = ""
+    narrator: str | None = None
+    year: int | None = None
+    language: str = ""
 
 
 def segment_seed(job_seed: int, voice: str, text: str) -> int:
@@ -85,14 +93,27 @@ def validate(request: JobRequest, settings: Settings, max_text_chars: int | None
         raise InvalidRequest(
             f"unknown voice {voice!r} for model {spec.name!r}; voices: {', '.join(family.voices)}"
         )
-    fmt = request.format.lower()
-    if fmt not in FORMATS:
-        raise InvalidRequest(f"unsupported format {request.format!r}; supported: {', '.join(FORMATS)}")
-    rate = family.sample_rate if request.sample_rate is None else request.sample_rate
-    if rate not in SAMPLE_RATES:
+    fmt = format_named(request.format)
+    if fmt is None:
+        raise InvalidRequest(f"unsupported format {quoted(request.format)}; supported: {', '.join(format_names())}")
+    rates = [r for r in SAMPLE_RATES if fmt.rates is None or r in fmt.rates]
+    rate = request.sample_rate
+    if rate is None:
+        rate = family.sample_rate if family.sample_rate in rates else fmt.preferred_rate or max(rates)
+    if rate not in rates:
         raise InvalidRequest(
-            f"unsupported sample rate {rate}; supported: {', '.join(map(str, SAMPLE_RATES))}"
+            f"unsupported sample rate {rate} for {fmt.name}; supported: {', '.join(map(str, rates))}"
         )
+    kbps = 0
+    if request.bitrate_kbps is not None:
+        low, high = fmt.kbps_range
+        if not fmt.lossy:
+            raise InvalidRequest(f"{fmt.name} is lossless: it takes no bitrate")
+        if not low <= request.bitrate_kbps <= high:
+            raise InvalidRequest(f"bitrate {request.bitrate_kbps} kb/s is out of range for {fmt.name}: {low}-{high}")
+        kbps = request.bitrate_kbps
+    if request.year is not None and not 0 < request.year <= 9999:
+        raise InvalidRequest(f"year {request.year} is not a year (1-9999)")
     plan = plan_text(request.text, markdown=request.markdown, max_chars=settings.max_segment_chars)
     if not plan.segments:
         raise InvalidRequest(
@@ -104,8 +125,13 @@ def validate(request: JobRequest, settings: Settings, max_text_chars: int | None
         status=JobStatus.QUEUED,
         model=spec.name,
         voice=voice,
-        format=fmt,
+        format=fmt.name,
         sample_rate=rate,
+        bitrate_kbps=kbps,
+        author=request.author[:500],
+        narrator=(voice if request.narrator is None else request.narrator)[:500],
+        year=request.year or 0,
+        language=request.language[:35],
         seed=request.seed,
         title=(request.title or (plan.chapters[0].title if plan.chapters else ""))[:500],
         text_chars=len(request.text),

