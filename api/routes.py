@@ -12,6 +12,7 @@ import asyncio
 import json
 import re
 import time
+from typing import Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -25,9 +26,10 @@ from api.schemas import JobAccepted, JobCreate, JobList, JobView, Links, ModelVi
 from api.sse import check_resume, event_stream, resume_point
 from api.state import AppState, app_state
 from fleet.readiness import live_counts
-from jobs import service
+from fleet.storage import StorageError
+from jobs import captions, service
 from jobs.encoding import format_named
-from jobs.errors import JobNotFound, NotReady
+from jobs.errors import InvalidRequest, JobNotFound, NotReady
 from jobs.idempotency import Idempotency
 from jobs.model import Job, JobStatus
 from jobs.tenants import Principal
@@ -176,6 +178,52 @@ async def get_audio(job_id: str, st: AppState = State, who: Principal = Depends(
     if path is None:
         raise JobNotFound(f"the audio of job {job_id} is no longer stored")
     return FileResponse(path, media_type=format_named(job.format).content_type, filename=filename)
+
+
+async def _manifest(st: AppState, job_id: str, who: Principal) -> dict:
+    """A finished job's manifest (chapters, sentence times), or why there is none."""
+    job = await service.get(st.store, job_id, who)
+    if job.status != JobStatus.DONE:
+        raise NotReady(f"job {job_id} is {job.status.value}; its captions exist once it is done")
+    try:
+        raw = await asyncio.to_thread(st.storage.get_bytes, job.objects.manifest)
+    except StorageError as exc:
+        raise JobNotFound(f"the manifest of job {job_id} is no longer stored") from exc
+    return json.loads(raw)
+
+
+@router.api_route(
+    "/v1/jobs/{job_id}/captions",
+    methods=["GET", "HEAD"],
+    responses={**AUTH, 404: {"model": Problem}, 409: {"model": Problem}, 422: {"model": Problem}},
+)
+async def get_captions(
+    job_id: str,
+    st: AppState = State,
+    who: Principal = Depends(caller_or_link("audio")),
+    format: Literal["vtt", "srt"] = Query(default="vtt", description="WebVTT or SubRip."),
+    kind: Literal["sentences", "chapters"] = Query(
+        default="sentences", description="A cue per sentence, or (WebVTT) per chapter: a chapters track."
+    ),
+) -> Response:
+    """Subtitles of the finished file: one cue per sentence, its text and exact times."""
+    if kind == "chapters" and format != "vtt":
+        raise InvalidRequest("a chapters track is WebVTT: ask format=vtt with kind=chapters")
+    manifest = await _manifest(st, job_id, who)
+    if format == "srt":
+        return Response(captions.srt(manifest), media_type="application/x-subrip; charset=utf-8")
+    return Response(captions.vtt(manifest, kind), media_type="text/vtt; charset=utf-8")
+
+
+@router.api_route(
+    "/v1/jobs/{job_id}/marks",
+    methods=["GET", "HEAD"],
+    responses={**AUTH, 404: {"model": Problem}, 409: {"model": Problem}},
+)
+async def get_marks(job_id: str, st: AppState = State, who: Principal = Depends(caller_or_link("audio"))):
+    """Speech marks of the finished file (Amazon Polly's shape, JSON lines): one per sentence."""
+    manifest = await _manifest(st, job_id, who)
+    return Response(captions.speech_marks(manifest), media_type="application/x-ndjson")
 
 
 @router.api_route(

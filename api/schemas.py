@@ -96,6 +96,10 @@ class Links(BaseModel):
     audio: str = Field(
         description="The finished file; its token lets an <audio> element in without a header."
     )
+    captions: str = Field(
+        default="", description="WebVTT (or ?format=srt) of the finished file; the audio token opens it too."
+    )
+    marks: str = Field(default="", description="Per-sentence speech marks (JSON lines) of the finished file.")
 
     @classmethod
     def of(cls, job_id: str, tokens: dict[str, str] | None = None) -> Links:
@@ -106,7 +110,14 @@ class Links(BaseModel):
         def link(kind: str) -> str:
             return f"{base}/{kind}" + (f"?token={tokens[kind]}" if kind in tokens else "")
 
-        return cls(self=base, events=link("events"), audio=link("audio"))
+        audio_token = f"?token={tokens['audio']}" if "audio" in tokens else ""
+        return cls(
+            self=base,
+            events=link("events"),
+            audio=link("audio"),
+            captions=f"{base}/captions{audio_token}",
+            marks=f"{base}/marks{audio_token}",
+        )
 
 
 class JobAccepted(BaseModel):

@@ -138,6 +138,8 @@ def stitch(
                     "index": segment.index,
                     "chapter": segment.chapter,
                     "text": segment.text,
+                    "text_start": segment.start,
+                    "text_end": segment.end,
                     "start_s": start / model_rate,
                     "end_s": position / model_rate,
                     "start_sample": round(start * ratio),

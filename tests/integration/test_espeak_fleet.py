@@ -3,6 +3,7 @@ processes on a real Redis. Speech where the text is, silence where the structure
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import threading
@@ -203,3 +204,77 @@ def test_requests_the_voice_set_cannot_serve_are_refused(fleet, client):
     for body, message in cases:
         response = client.post("/v1/jobs", json={"text": "Hello.", **body})
         assert response.status_code == 422 and message in response.json()["detail"], (body, response.text)
+
+
+def test_an_mp3_book_with_its_captions_and_speech_marks(fleet, client, tmp_path):
+    """An MP3 over the real API (S3-less storage, real processes): Debian's ffprobe reads its ID3
+    chapters; the SRT and WebVTT parse with the ``srt`` and ``webvtt-py`` libraries, a cue per
+    sentence with the sentence's text and the manifest's times; the chapters track and the speech
+    marks say the same; before the end a 409, a bad format a 422."""
+    import shutil
+    import subprocess
+
+    import srt
+    import webvtt
+
+    require(shutil.which("ffprobe") is not None, "ffprobe (Debian's ffmpeg; scripts/test.sh installs it)")
+    accepted = submit(client, text=BOOK, title="The Lighthouse", format="mp3", author="A. Keeper")
+    job_id = accepted["id"]
+    early = client.get(f"/v1/jobs/{job_id}/captions")
+    assert early.status_code == 409 or wait_done(client, job_id)["status"] == "done", early.text
+    assert wait_done(client, job_id)["status"] == "done"
+    m = manifest(fleet, job_id)
+    plan = plan_text(BOOK)
+
+    audio = client.get(f"/v1/jobs/{job_id}/audio", follow_redirects=True)
+    assert audio.status_code == 200 and audio.headers["content-type"] == "audio/mpeg"
+    (tmp_path / "book.mp3").write_bytes(audio.content)
+    probe = json.loads(
+        subprocess.run(
+            ["ffprobe", "-v", "error", "-show_chapters", "-show_format", "-of", "json", "book.mp3"],
+            cwd=tmp_path, capture_output=True, text=True, check=True,
+        ).stdout
+    )  # fmt: skip
+    assert [c["tags"]["title"] for c in probe["chapters"]] == [c.title for c in plan.chapters]
+    assert [float(c["start_time"]) for c in probe["chapters"]] == pytest.approx(
+        [c["start_s"] for c in m["chapters"]], abs=0.0005
+    )
+    assert probe["format"]["tags"]["artist"] == "A. Keeper"
+
+    def ms(seconds: float) -> int:
+        return round(seconds * 1000)
+
+    sub = client.get(f"/v1/jobs/{job_id}/captions", params={"format": "srt"})
+    assert sub.status_code == 200 and sub.headers["content-type"].startswith("application/x-subrip")
+    cues = list(srt.parse(sub.text))
+    assert len(cues) == len(m["segments"]) == 51
+    for cue, seg in zip(cues, m["segments"], strict=True):
+        assert cue.content == " ".join(seg["text"].split())
+        assert round(cue.start.total_seconds() * 1000) == ms(seg["start_s"])
+        assert round(cue.end.total_seconds() * 1000) == ms(seg["end_s"])
+
+    vtt = client.get(f"/v1/jobs/{job_id}/captions", params={"format": "vtt"})
+    assert vtt.headers["content-type"].startswith("text/vtt")
+    captions = webvtt.from_buffer(io.StringIO(vtt.text))
+    assert [c.text for c in captions] == [c.content for c in cues]
+    def clock(text: str) -> int:
+        h, m_, sec = text.split(":")
+        return round((int(h) * 3600 + int(m_) * 60 + float(sec)) * 1000)
+
+    assert [(clock(c.start), clock(c.end)) for c in captions] == [
+        (ms(s["start_s"]), ms(s["end_s"])) for s in m["segments"]
+    ]
+    chapters = webvtt.from_buffer(
+        io.StringIO(client.get(f"/v1/jobs/{job_id}/captions", params={"kind": "chapters"}).text)
+    )
+    assert [c.text for c in chapters] == [c["title"] for c in m["chapters"]]
+
+    marks = [json.loads(line) for line in client.get(f"/v1/jobs/{job_id}/marks").text.splitlines()]
+    assert [mk["time"] for mk in marks] == [ms(s["start_s"]) for s in m["segments"]]
+    assert [mk["value"] for mk in marks] == [s["text"] for s in m["segments"]]
+    for mk in marks:  # start/end: where the sentence is in the submitted text
+        assert mk["type"] == "sentence" and mk["value"].split()[0] in BOOK[mk["start"] : mk["end"]], mk
+
+    for params in ({"format": "ass"}, {"format": "srt", "kind": "chapters"}, {"kind": "words"}):
+        bad = client.get(f"/v1/jobs/{job_id}/captions", params=params)
+        assert bad.status_code == 422, (params, bad.text)
