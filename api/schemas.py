@@ -49,6 +49,13 @@ class JobCreate(BaseModel):
     )
     year: int | None = Field(default=None, description="The file's year (date) tag.")
     language: str = Field(default="", max_length=35, description="The file's language tag, e.g. en or eng.")
+    normalize: bool | None = Field(
+        default=None,
+        description="Normalise the book's loudness (two passes, BS.1770-4); default: on for m4b, m4a, mp3, "
+        "opus, off for wav and flac (exact samples).",
+    )
+    loudness_lufs: float = Field(default=-18.0, description="Target integrated loudness, -40 to -5 LUFS.")
+    true_peak_dbtp: float = Field(default=-3.0, description="True-peak ceiling, -12 to 0 dBTP.")
     sample_rate: int | None = Field(
         default=None, gt=0, description="Output sample rate; default: the model's."
     )
@@ -83,6 +90,9 @@ class JobCreate(BaseModel):
             narrator=self.narrator,
             year=self.year,
             language=self.language,
+            normalize=self.normalize,
+            loudness_lufs=self.loudness_lufs,
+            true_peak_dbtp=self.true_peak_dbtp,
             seed=self.seed,
             markdown=self.text_format == "markdown",
             rate=self.rate,
@@ -157,6 +167,7 @@ class JobView(BaseModel):
     bitrate_kbps: int | None = Field(default=None, description="The encoder's bitrate, for compressed formats.")
     author: str = ""
     narrator: str = ""
+    loudness_lufs: float | None = Field(default=None, description="The loudness it is normalised to, if it is.")
     rate: int | None = Field(
         default=None, description="Speaking rate (words per minute), if the model has one."
     )
@@ -193,6 +204,7 @@ class JobView(BaseModel):
             bitrate_kbps=job.bitrate_kbps or None,
             author=job.author,
             narrator=job.narrator,
+            loudness_lufs=job.loudness_lufs or None,
             rate=job.rate or None,
             pitch=job.pitch if job.rate else None,
             segments_done=job.segments_done,

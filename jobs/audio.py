@@ -8,13 +8,15 @@ that keep them in their header (MP3, Ogg) get them too (jobs/encoding.py).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from jobs.encoding import FORMATS, Chapter, format_named, open_sink
+from jobs.encoding import FORMATS, Chapter, CodecRoundTrip, format_named, open_sink
+from jobs.loudness import MAX_GAIN_DB, Loudness, LoudnessMeter, PeakLimiter, normalising_gain_db
 from jobs.segmentation import Chapter as PlanChapter
 from jobs.segmentation import Pause, Plan
 
@@ -44,6 +46,8 @@ class Manifest:
     samples: int = 0
     chapters: list[dict] = field(default_factory=list)
     segments: list[dict] = field(default_factory=list)
+    #: Where the book was normalised: target, ceiling, what was measured, the gain applied.
+    loudness: dict | None = None
 
     @property
     def duration_s(self) -> float:
@@ -57,6 +61,7 @@ class Manifest:
             "samples": self.samples,
             "chapters": self.chapters,
             "segments": self.segments,
+            **({"loudness": self.loudness} if self.loudness is not None else {}),
         }
 
 
@@ -94,11 +99,21 @@ def stitch(
     samples: dict[int, int] | None = None,
     kbps: int = 0,
     tags: dict[str, str] | None = None,
+    loudness: tuple[float, float] | None = None,
 ) -> Manifest:
     """Write every segment's PCM (int16 mono at ``model_rate``) with pauses into ``out_path``.
     ``samples``: each segment's length (model-rate samples), for the chapter marks of formats that
-    embed them; ``kbps``, ``tags``: the encoder's bitrate (0: the format's default) and the file's tags."""
+    embed them; ``kbps``, ``tags``: the encoder's bitrate (0: the format's default) and the file's tags;
+    ``loudness``: (target LUFS, true-peak ceiling dBTP) to normalise to (``normalisation``: three
+    measuring passes before this one, so ``read_segment`` is called four times per segment)."""
     spec = format_named(fmt)
+    limiter = plan_gain = None
+    if loudness is not None:
+        codec = (lambda: CodecRoundTrip(spec, out_rate, kbps)) if spec.lossy else None
+        plan_gain = normalisation(
+            plan, read_segment, model_rate, pauses, *loudness, codec=codec, out_rate=out_rate
+        )
+        limiter = PeakLimiter(model_rate, plan_gain.ceiling_dbtp)
     marks = chapter_marks(plan, samples, pauses, model_rate) if samples is not None and spec.chapters else []
     manifest = Manifest(sample_rate=out_rate)
     chapter_starts = {c.first_segment: c for c in plan.chapters}
@@ -131,7 +146,7 @@ def stitch(
                 )
             pcm = np.frombuffer(read_segment(segment.index), dtype="<i2")
             start = position
-            write(pcm)
+            write(pcm if limiter is None else to_int16(limiter.apply(pcm, plan_gain.gain_db)))
             position += pcm.size
             manifest.segments.append(
                 {
@@ -154,4 +169,132 @@ def stitch(
             write(np.zeros(0, dtype=np.int16), last=True)
     finally:
         out.close()
+    if plan_gain is not None:
+        manifest.loudness = {
+            "target_lufs": loudness[0],
+            "ceiling_dbtp": loudness[1],
+            "measured_lufs": round(plan_gain.measured.integrated_lufs, 2),
+            "measured_true_peak_dbtp": round(plan_gain.measured.true_peak_dbtp, 2),
+            "gain_db": round(plan_gain.gain_db, 2),
+            "limiter_ceiling_dbtp": round(plan_gain.ceiling_dbtp, 2),
+            "limited_s": round(limiter.reduced / model_rate, 2),
+        }
     return manifest
+
+
+def _book_loudness(plan: Plan, read_segment, rate: int, pauses: Pauses, shape=None) -> Loudness:
+    """The stitched book's loudness (segments and pauses as they will be written; ``shape``: what
+    the writing pass does to each segment), one segment in memory at a time."""
+    meter = LoudnessMeter(rate)
+    for segment in plan.segments:
+        pcm = np.frombuffer(read_segment(segment.index), dtype="<i2")
+        meter.feed(pcm if shape is None else shape(pcm))
+        if gap := pauses.samples(segment.pause_after, rate):
+            meter.feed(np.zeros(gap, dtype=np.int16))
+    return meter.result()
+
+
+#: Passes of the limiter alone to bring the loudness within this of the target (LU).
+MAX_LIMITER_PASSES = 3
+LOUDNESS_TOLERANCE_LU = 0.15
+CODEC_PEAK_MARGIN_DB = 0.25
+
+
+@dataclass(frozen=True)
+class Normalisation:
+    measured: Loudness  # the book as narrated
+    gain_db: float
+    ceiling_dbtp: float  # the limiter's: below the asked one by what the codec adds to the peaks
+
+
+def normalisation(
+    plan: Plan,
+    read_segment,
+    rate: int,
+    pauses: Pauses,
+    target: float,
+    ceiling: float,
+    codec=None,
+    out_rate: int | None = None,
+) -> Normalisation:
+    """The gain that brings the book to ``target`` with its peaks held under ``ceiling`` by the
+    limiter, as the listener hears it. Passes over the segments, one segment in memory at a time:
+    1. the book as narrated: the first gain;
+    2. with that gain and the limiter, and (a lossy format: ``codec``, a CodecRoundTrip factory at
+       ``out_rate``) through the encoder and decoder: what the codec moves (loudness, peaks), and
+       the limiter's ceiling lowered by what it adds to the peaks;
+    3. with the corrected gain and ceiling, the limiter alone (the codec's offset added), until the
+       loudness is within LOUDNESS_TOLERANCE_LU (at most MAX_LIMITER_PASSES; one when the limiter
+       has little to do).
+    The writing pass is the next."""
+    measured = _book_loudness(plan, read_segment, rate, pauses)
+    if not math.isfinite(measured.integrated_lufs):
+        return Normalisation(measured, 0.0, ceiling)
+    gain = normalising_gain_db(measured, target)
+    limiter = PeakLimiter(rate, ceiling)
+    if codec is None:
+        heard = _book_loudness(plan, read_segment, rate, pauses, lambda pcm: limiter.apply(pcm, gain))
+        offset, limit = 0.0, ceiling
+    else:
+        before = LoudnessMeter(rate)  # the same signal before the codec
+        heard = _heard_through(
+            codec(), plan, read_segment, rate, out_rate or rate, pauses, lambda pcm: limiter.apply(pcm, gain), before
+        )
+        ahead = before.result()
+        offset = heard.integrated_lufs - ahead.integrated_lufs  # what the codec does to the loudness
+        # ... and to the peaks (with a margin: the codec's overshoot moves a little with the gain)
+        limit = ceiling - max(heard.true_peak_dbtp - ahead.true_peak_dbtp, 0.0) - CODEC_PEAK_MARGIN_DB
+    if not math.isfinite(heard.integrated_lufs):
+        return Normalisation(measured, gain, ceiling)
+    # then the limiter alone (the codec's offset kept), by the secant through the last two points:
+    # the loudness grows more slowly than the gain once the limiter works
+    points = [(gain, heard.integrated_lufs)]
+    gain = min(gain + target - heard.integrated_lufs, MAX_GAIN_DB)
+    for _ in range(MAX_LIMITER_PASSES):
+        loud = _limited_loudness(plan, read_segment, rate, pauses, limit, gain)
+        if not math.isfinite(loud):
+            break
+        points.append((gain, loud + offset))
+        error = target - points[-1][1]
+        if abs(error) <= LOUDNESS_TOLERANCE_LU:
+            break
+        (g0, l0), (g1, l1) = points[-2:]
+        slope = (l1 - l0) / (g1 - g0) if abs(g1 - g0) > 1e-6 else 1.0
+        gain = min(gain + error / min(max(slope, 0.2), 1.0), MAX_GAIN_DB)
+    return Normalisation(measured, gain, limit)
+
+
+def _limited_loudness(plan: Plan, read_segment, rate: int, pauses: Pauses, ceiling: float, gain: float) -> float:
+    limiter = PeakLimiter(rate, ceiling)
+    return _book_loudness(plan, read_segment, rate, pauses, lambda pcm: limiter.apply(pcm, gain)).integrated_lufs
+
+
+def _heard_through(
+    round_trip, plan: Plan, read_segment, rate: int, out_rate: int, pauses: Pauses, shape, before: LoudnessMeter
+) -> Loudness:
+    """The book's loudness after ``shape``, resampling to ``out_rate`` as the file is, and the codec
+    (``before`` meters it ahead of the resampling and the codec)."""
+    import soxr
+
+    resampler = soxr.ResampleStream(rate, out_rate, 1, dtype="int16") if out_rate != rate else None
+    meter = LoudnessMeter(round_trip.decoded_rate)
+
+    def through(pcm: np.ndarray, last: bool = False) -> None:
+        data = resampler.resample_chunk(pcm, last=last) if resampler is not None else pcm
+        meter.feed(round_trip.feed(data))
+
+    for segment in plan.segments:
+        shaped = to_int16(shape(np.frombuffer(read_segment(segment.index), dtype="<i2")))
+        before.feed(shaped)
+        through(shaped)
+        if gap := pauses.samples(segment.pause_after, rate):
+            before.feed(np.zeros(gap, dtype=np.int16))
+            through(np.zeros(gap, dtype=np.int16))
+    if resampler is not None:
+        through(np.zeros(0, dtype=np.int16), last=True)
+    meter.feed(round_trip.flush())
+    return meter.result()
+
+
+def to_int16(x: np.ndarray) -> np.ndarray:
+    return np.clip(np.rint(x * 32768.0), -32768, 32767).astype(np.int16)

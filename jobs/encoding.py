@@ -217,3 +217,56 @@ class _AvSink:
                 self._container.mux(packet)
         finally:
             self._container.close()
+
+
+#: The decoder of each encoder (what a listener's player runs).
+_DECODERS = {"aac": "aac", "libmp3lame": "mp3float", "libopus": "opus"}
+
+
+class CodecRoundTrip:
+    """The format's encoder and decoder in memory: what the listener will hear, without writing a
+    file (the loudness pass measures it: lossy codecs move the loudness and the peaks a little)."""
+
+    def __init__(self, fmt: Format, rate: int, kbps: int = 0) -> None:
+        import av
+
+        _, codec = fmt.av
+        self._encoder = av.CodecContext.create(codec, "w")
+        self._encoder.sample_rate = rate
+        self._encoder.layout = "mono"
+        self._encoder.format = self._encoder.codec.audio_formats[0].name
+        self._encoder.bit_rate = (kbps or fmt.default_kbps) * 1000
+        self._encoder.time_base = Fraction(1, rate)
+        self._encoder.open()
+        self._decoder = av.CodecContext.create(_DECODERS[codec], "r")
+        if self._encoder.extradata:
+            self._decoder.extradata = self._encoder.extradata
+        self._frame = av.AudioFrame
+        self._rate = rate
+        self._written = 0
+
+    @property
+    def decoded_rate(self) -> int:
+        """The decoder's output rate (Opus always decodes at 48 kHz)."""
+        return 48_000 if _DECODERS.get(self._encoder.codec.name) == "opus" else self._rate
+
+    def feed(self, pcm: np.ndarray) -> np.ndarray:
+        """int16 mono in; the decoded samples that came out so far (float64 in [-1, 1])."""
+        if not pcm.size:
+            return np.zeros(0)
+        frame = self._frame.from_ndarray(np.ascontiguousarray(pcm, dtype=np.int16).reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = self._rate
+        frame.pts = self._written
+        self._written += int(pcm.size)
+        return self._decode(self._encoder.encode(frame))
+
+    def flush(self) -> np.ndarray:
+        return self._decode(self._encoder.encode(None))
+
+    def _decode(self, packets) -> np.ndarray:
+        out = []
+        for packet in packets:
+            for frame in self._decoder.decode(packet):
+                x = frame.to_ndarray().reshape(-1)
+                out.append(x.astype(np.float64) / 32768.0 if x.dtype == np.int16 else x.astype(np.float64))
+        return np.concatenate(out) if out else np.zeros(0)

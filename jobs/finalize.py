@@ -90,6 +90,7 @@ class Finalizer:
                 samples={index: samples for index, (_, samples) in winners.items()},
                 kbps=job.bitrate_kbps,
                 tags=job.tags(),
+                loudness=(job.loudness_lufs, job.true_peak_dbtp) if job.loudness_lufs else None,
             )
             flags = await self.store.flags(job_id)
             document = {**manifest.to_dict(job_id), "title": job.title, "flagged_segments": sorted(flags)}

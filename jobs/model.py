@@ -85,6 +85,9 @@ class Job:
     narrator: str = ""
     year: int = 0
     language: str = ""
+    #: Normalised to this integrated loudness (LUFS) under this true-peak ceiling (dBTP); 0: not.
+    loudness_lufs: float = 0.0
+    true_peak_dbtp: float = -3.0
 
     def tags(self) -> dict[str, str]:
         """The finished file's tags (jobs/encoding.py TAG_KEYS): an audiobook's, as players read them."""

@@ -51,6 +51,10 @@ class JobRequest:
     narrator: str | None = None
     year: int | None = None
     language: str = ""
+    #: Loudness normalisation: None follows the format (on for m4b/m4a/mp3/opus, off for wav/flac).
+    normalize: bool | None = None
+    loudness_lufs: float = -18.0
+    true_peak_dbtp: float = -3.0
 
 
 def segment_seed(job_seed: int, voice: str, text: str) -> int:
@@ -112,6 +116,11 @@ def validate(request: JobRequest, settings: Settings, max_text_chars: int | None
         if not low <= request.bitrate_kbps <= high:
             raise InvalidRequest(f"bitrate {request.bitrate_kbps} kb/s is out of range for {fmt.name}: {low}-{high}")
         kbps = request.bitrate_kbps
+    normalize = fmt.lossy if request.normalize is None else request.normalize
+    if not -40 <= request.loudness_lufs <= -5:
+        raise InvalidRequest(f"loudness_lufs {request.loudness_lufs} is out of range: -40 to -5 LUFS")
+    if not -12 <= request.true_peak_dbtp <= 0:
+        raise InvalidRequest(f"true_peak_dbtp {request.true_peak_dbtp} is out of range: -12 to 0 dBTP")
     if request.year is not None and not 0 < request.year <= 9999:
         raise InvalidRequest(f"year {request.year} is not a year (1-9999)")
     plan = plan_text(request.text, markdown=request.markdown, max_chars=settings.max_segment_chars)
@@ -132,6 +141,8 @@ def validate(request: JobRequest, settings: Settings, max_text_chars: int | None
         narrator=(voice if request.narrator is None else request.narrator)[:500],
         year=request.year or 0,
         language=request.language[:35],
+        loudness_lufs=request.loudness_lufs if normalize else 0.0,
+        true_peak_dbtp=request.true_peak_dbtp,
         seed=request.seed,
         title=(request.title or (plan.chapters[0].title if plan.chapters else ""))[:500],
         text_chars=len(request.text),

@@ -270,6 +270,9 @@ def cmd_file(args: argparse.Namespace, settings: Settings) -> int:
             narrator=args.narrator,
             year=args.year,
             language=args.language or "",
+            normalize=args.normalize,
+            loudness_lufs=args.loudness,
+            true_peak_dbtp=args.true_peak,
         )
         job, plan = validate(request, settings)
     except (InputError, InvalidRequest) as exc:
@@ -305,6 +308,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--narrator", help="the narrator tag (default: the voice's name)")
     p.add_argument("--year", type=int, help="the year tag")
     p.add_argument("--language", help="the language tag, e.g. en")
+    p.add_argument(
+        "--normalize",
+        action=argparse.BooleanOptionalAction,
+        help="normalise the loudness (default: on for m4b/m4a/mp3/opus, off for wav/flac)",
+    )
+    p.add_argument("--loudness", type=float, default=-18.0, metavar="LUFS", help="the target (default -18)")
+    p.add_argument("--true-peak", type=float, default=-3.0, metavar="DBTP", help="the ceiling (default -3)")
     p.add_argument(
         "--bitrate", type=int, metavar="KBPS", help="compressed formats: kb/s (default: m4b/m4a/mp3 64, opus 32)"
     )

@@ -165,6 +165,15 @@ def test_an_m4b_has_the_manifests_chapters_and_the_books_tags(tmp_path):
     stream = probe["streams"][0]
     assert (stream["codec_name"], int(stream["sample_rate"]), stream["channels"]) == ("aac", 22050, 1)
     assert abs(float(probe["format"]["duration"]) - manifest["duration_s"]) <= 1024 / 22050
+    # normalised (m4b's default): FFmpeg's own BS.1770 meter (ebur128, Debian's build) finds the
+    # target loudness and the true peak under the ceiling
+    report = subprocess.run(
+        ["ffmpeg", "-nostats", "-i", "book.m4b", "-af", "ebur128=peak=true", "-f", "null", "-"],
+        cwd=tmp_path, capture_output=True, text=True, check=True,
+    ).stderr.rsplit("Summary:", 1)[1]  # fmt: skip
+    integrated = float(re.search(r"I:\s+(-?[\d.]+) LUFS", report).group(1))
+    true_peak = float(re.search(r"Peak:\s+(-?[\d.]+) dBFS", report).group(1))
+    assert abs(integrated - -18.0) <= 0.5 and true_peak <= -3.0, (report, manifest["loudness"])
 
 
 def test_keep_then_clean_frees_the_data_directory(tmp_path):
