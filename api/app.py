@@ -61,6 +61,6 @@ def create_app(
     errors.install(app)
     app.include_router(router)
     app.add_middleware(
-        BodyLimit, max_bytes=settings.max_body_bytes or max_body_bytes(settings.max_text_chars)
+        BodyLimit, max_bytes=settings.max_body_bytes or max_body_bytes(settings.max_text_chars, settings.max_cover_bytes)
     )
     return app

@@ -20,9 +20,10 @@ JSON_BYTES_PER_CHAR = 6
 ENVELOPE_BYTES = 64 * 1024
 
 
-def max_body_bytes(max_text_chars: int) -> int:
-    """The largest body a request of ``max_text_chars`` characters of text can need."""
-    return max_text_chars * JSON_BYTES_PER_CHAR + ENVELOPE_BYTES
+def max_body_bytes(max_text_chars: int, max_cover_bytes: int = 0) -> int:
+    """The largest body a request of ``max_text_chars`` characters of text (and a cover picture of
+    ``max_cover_bytes``, base64) can need."""
+    return max_text_chars * JSON_BYTES_PER_CHAR + -(-max_cover_bytes // 3) * 4 + ENVELOPE_BYTES
 
 
 async def _refuse(send, status: int, detail: str) -> None:

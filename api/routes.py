@@ -76,7 +76,8 @@ def _read_job(raw: bytes, tenant: str, settings, max_text_chars: int):
         body = JobCreate.model_validate(data)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors(include_url=False, include_input=False)) from None
-    return service.validate(body.to_request(tenant), settings, max_text_chars)
+    job, plan = service.validate(body.to_request(tenant), settings, max_text_chars)
+    return job, plan, body.cover
 
 
 @router.post(
@@ -105,7 +106,7 @@ async def create_job(
 ) -> JobAccepted:
     limits = await st.limits(who.tenant)
     raw = await request.body()
-    job, plan = await asyncio.to_thread(_read_job, raw, who.tenant, st.settings, limits.max_text_chars)
+    job, plan, cover = await asyncio.to_thread(_read_job, raw, who.tenant, st.settings, limits.max_text_chars)
     claim = None
     if idempotency_key is not None:
         claim = Idempotency(st.store.redis, st.store.names, who.tenant, idempotency_key, raw)
@@ -114,9 +115,12 @@ async def create_job(
     try:  # 1) a job slot, 2) the day's characters (a refused job spends none), 3) store and queue
         await service.reserve_slot(st.store, job, limits.concurrent_jobs)
         await st.quotas.characters(who.tenant, limits.chars_per_day, job.text_chars)
+        await service.store_cover(st.storage, job, cover)
         await service.enqueue(st.store, job, plan, weight=limits.weight)
     except BaseException:
         await st.store.release_job_slot(job.tenant, job.id)
+        if job.cover:
+            await asyncio.to_thread(st.storage.delete_prefix, job.objects.outputs_prefix)
         if claim is not None:
             await claim.release()
         raise

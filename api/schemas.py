@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import time
 from typing import Literal
 
@@ -9,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fleet.settings import Settings
 from jobs.encoding import format_names
+from jobs.errors import InvalidRequest
 from jobs.model import Job, JobStatus
 from jobs.service import JobRequest
 from models.registry import ModelSpec
@@ -56,6 +59,10 @@ class JobCreate(BaseModel):
     )
     loudness_lufs: float = Field(default=-18.0, description="Target integrated loudness, -40 to -5 LUFS.")
     true_peak_dbtp: float = Field(default=-3.0, description="True-peak ceiling, -12 to 0 dBTP.")
+    cover: str | None = Field(
+        default=None,
+        description="A cover picture, PNG or JPEG, base64 or a data: URL (m4b, m4a, mp3, opus; at most 2 MiB).",
+    )
     sample_rate: int | None = Field(
         default=None, gt=0, description="Output sample rate; default: the model's."
     )
@@ -93,11 +100,25 @@ class JobCreate(BaseModel):
             normalize=self.normalize,
             loudness_lufs=self.loudness_lufs,
             true_peak_dbtp=self.true_peak_dbtp,
+            cover=decode_cover(self.cover),
             seed=self.seed,
             markdown=self.text_format == "markdown",
             rate=self.rate,
             pitch=self.pitch,
         )
+
+
+def decode_cover(text: str | None) -> bytes | None:
+    """The cover's bytes from base64 (or a ``data:image/...;base64,`` URL); what they are, the job's
+    validation checks."""
+    if text is None:
+        return None
+    if text.startswith("data:"):
+        text = text.partition(",")[2]
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidRequest("cover is not base64 (a PNG or JPEG picture, base64-encoded)") from None
 
 
 class Links(BaseModel):

@@ -184,6 +184,11 @@ class JobObjects:
         return f"{self.outputs_prefix}{fmt}"
 
     @property
+    def cover(self) -> str:
+        """The cover picture a job uploaded (deleted with its outputs)."""
+        return f"{self.outputs_prefix}cover"
+
+    @property
     def manifest(self) -> str:
         """The finished file's manifest (chapters, segment timestamps)."""
         return f"{self.outputs_prefix}json"

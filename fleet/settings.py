@@ -53,6 +53,8 @@ class Settings(BaseSettings):
     max_text_chars: int = 2_000_000
     #: The largest request body the API reads, bytes; 0: what a text of max_text_chars can need as JSON.
     max_body_bytes: int = Field(default=0, ge=0)
+    #: A job's cover picture (PNG or JPEG), bytes.
+    max_cover_bytes: int = Field(default=2 * 1024 * 1024, gt=0)
     #: Sentences longer than this are split at clause boundaries (characters).
     max_segment_chars: int = 300
 

@@ -40,46 +40,37 @@ class Format:
     #: The rate used when the model's is not one of ``rates`` and the job names none.
     preferred_rate: int = 0
     aliases: tuple[str, ...] = field(default=())
+    #: MP4's major brand (what players take the file for: M4B an audiobook).
+    brand: str = ""
+    #: A cover picture can be attached.
+    cover: bool = False
 
     @property
     def lossy(self) -> bool:
         return self.default_kbps > 0
 
 
-_AAC = dict(
-    content_type="audio/mp4", av=("ipod", "aac"), chapters=True, default_kbps=64, kbps_range=(16, 320)
-)
+# AAC in MP4 (FFmpeg's mp4 muxer: it takes a cover picture, the ipod one does not), chapter marks
+# as Nero and QuickTime chapters, as FFmpeg writes them
+_AAC = dict(content_type="audio/mp4", chapters=True, cover=True, default_kbps=64, kbps_range=(16, 320))
 
 FORMATS: dict[str, Format] = {
     f.name: f
     for f in (
         Format("wav", "wav", "audio/wav", soundfile=("WAV", "PCM_16")),
         Format("flac", "flac", "audio/flac", soundfile=("FLAC", "PCM_16")),
-        # an audiobook: AAC in MP4 with chapter marks (Nero and QuickTime chapters, as ffmpeg writes them)
-        Format("m4b", "m4b", **_AAC),
+        # an audiobook (the M4B brand is what players go by)
+        Format("m4b", "m4b", av=("mp4", "aac"), brand="M4B ", **_AAC),
         # the same in a music player's extension; "aac" names it too: a raw ADTS stream would have no
         # place for chapters, tags or the exact length (its decoders play the encoder's priming samples)
-        Format("m4a", "m4a", **_AAC, aliases=("aac",)),
+        Format("m4a", "m4a", av=("mp4", "aac"), brand="M4A ", aliases=("aac",), **_AAC),
         Format(
-            "mp3",
-            "mp3",
-            "audio/mpeg",
-            av=("mp3", "libmp3lame"),
-            chapters=True,
-            default_kbps=64,
-            kbps_range=(32, 320),
-            rates=(16_000, 22_050, 24_000, 32_000, 44_100, 48_000),
+            "mp3", "mp3", "audio/mpeg", av=("mp3", "libmp3lame"), chapters=True, cover=True,
+            default_kbps=64, kbps_range=(32, 320), rates=(16_000, 22_050, 24_000, 32_000, 44_100, 48_000),
         ),  # fmt: skip
         Format(
-            "opus",
-            "opus",
-            "audio/ogg",
-            av=("ogg", "libopus"),
-            chapters=True,
-            default_kbps=32,
-            kbps_range=(6, 256),
-            rates=(16_000, 24_000, 48_000),
-            preferred_rate=48_000,
+            "opus", "opus", "audio/ogg", av=("ogg", "libopus"), chapters=True, cover=True,
+            default_kbps=32, kbps_range=(6, 256), rates=(16_000, 24_000, 48_000), preferred_rate=48_000,
         ),  # fmt: skip
     )
 }
@@ -119,11 +110,13 @@ def open_sink(
     kbps: int = 0,
     tags: dict[str, str] | None = None,
     chapters: list[Chapter] = (),
+    cover: Cover | None = None,
 ) -> AudioSink:
-    """A sink that writes ``path`` in ``fmt``; ``kbps`` 0: the format's default."""
+    """A sink that writes ``path`` in ``fmt``; ``kbps`` 0: the format's default; ``cover``: the
+    picture attached (formats whose ``cover`` is true)."""
     if fmt.soundfile is not None:
         return _SoundFileSink(path, fmt, rate)
-    return _AvSink(path, fmt, rate, kbps or fmt.default_kbps, tags or {}, list(chapters))
+    return _AvSink(path, fmt, rate, kbps or fmt.default_kbps, tags or {}, list(chapters), cover if fmt.cover else None)
 
 
 class _SoundFileSink:
@@ -160,14 +153,76 @@ def vorbis_chapters(chapters: list[Chapter]) -> dict[str, str]:
     return comments
 
 
+@dataclass(frozen=True)
+class Cover:
+    data: bytes
+    mime: str  # image/png or image/jpeg
+    width: int
+    height: int
+
+    @property
+    def codec(self) -> str:
+        return "png" if self.mime == "image/png" else "mjpeg"
+
+
+class CoverError(ValueError):
+    """Not a picture a file can carry (the reason is the message)."""
+
+
+_MAGIC = {b"\x89PNG\r\n\x1a\n": "image/png", b"\xff\xd8\xff": "image/jpeg"}
+
+
+def read_cover(data: bytes, max_bytes: int, max_side: int = 4096) -> Cover:
+    """A cover picture checked: PNG or JPEG by its bytes, at most ``max_bytes``, and decodable
+    (FFmpeg's own decoder reads it; its size comes from there)."""
+    if len(data) > max_bytes:
+        raise CoverError(f"the cover is {len(data):,} bytes; at most {max_bytes:,}")
+    mime = next((m for magic, m in _MAGIC.items() if data.startswith(magic)), None)
+    if mime is None:
+        raise CoverError("the cover is not a PNG or JPEG picture")
+    import av
+
+    decoder = av.CodecContext.create("png" if mime == "image/png" else "mjpeg", "r")
+    try:
+        frames = decoder.decode(av.Packet(data))
+    except av.FFmpegError as exc:
+        raise CoverError(f"the cover cannot be read as {mime}: {exc}") from None
+    if not frames:
+        raise CoverError(f"the cover cannot be read as {mime}")
+    width, height = frames[0].width, frames[0].height
+    if max(width, height) > max_side:
+        raise CoverError(f"the cover is {width}x{height}; at most {max_side} pixels a side")
+    return Cover(data, mime, width, height)
+
+
+def flac_picture_block(cover: Cover) -> str:
+    """The cover as Ogg's METADATA_BLOCK_PICTURE comment (a FLAC picture block, base64): front cover."""
+    import base64
+    import struct
+
+    mime = cover.mime.encode()
+    block = (
+        struct.pack(">II", 3, len(mime)) + mime + struct.pack(">I", 0)
+        + struct.pack(">IIIII", cover.width, cover.height, 24, 0, len(cover.data)) + cover.data
+    )  # fmt: skip
+    return base64.b64encode(block).decode()
+
+
 class _AvSink:
     def __init__(
-        self, path: Path, fmt: Format, rate: int, kbps: int, tags: dict[str, str], chapters: list[Chapter]
+        self,
+        path: Path,
+        fmt: Format,
+        rate: int,
+        kbps: int,
+        tags: dict[str, str],
+        chapters: list[Chapter],
+        cover: Cover | None = None,
     ) -> None:
         import av
 
         container, codec = fmt.av
-        self._container = av.open(str(path), "w", format=container)
+        self._container = av.open(str(path), "w", format=container, options={"brand": fmt.brand} if fmt.brand else {})
         try:
             tags = {k: v for k, v in tags.items() if v}
             self._container.metadata.update(tags)
@@ -190,6 +245,18 @@ class _AvSink:
                         for i, c in enumerate(chapters)
                     ]
                 )
+            # the cover last: muxing its packet writes the header, which holds MP3's chapters
+            if cover is not None and container == "ogg":
+                self._stream.metadata["METADATA_BLOCK_PICTURE"] = flac_picture_block(cover)
+            elif cover is not None:  # an attached picture: a video stream of one packet
+                picture = self._container.add_stream(cover.codec)
+                picture.width, picture.height = cover.width, cover.height
+                picture.pix_fmt = "rgb24" if cover.codec == "png" else "yuvj420p"
+                picture.disposition = av.stream.Disposition.attached_pic
+                self._container.start_encoding()
+                packet = av.Packet(cover.data)
+                packet.stream, packet.pts, packet.dts = picture, 0, 0
+                self._container.mux(packet)
         except Exception:
             self._container.close()
             raise

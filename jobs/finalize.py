@@ -18,6 +18,7 @@ from fleet.redis import async_client, sync_client
 from fleet.settings import Settings
 from fleet.storage import Storage, storage_from_settings
 from jobs.audio import Pauses, format_named, stitch
+from jobs.encoding import Cover, read_cover
 from jobs.model import JobStatus
 from jobs.store import JobStore
 from models.registry import MODELS
@@ -49,6 +50,11 @@ class Finalizer:
         self.settings = settings
         self.store = store
         self.storage = storage
+
+    async def _cover(self, job) -> Cover | None:
+        if not job.cover:
+            return None
+        return await asyncio.to_thread(_read_cover, self.storage, job.objects.cover, self.settings.max_cover_bytes)
 
     async def run(self, job_id: str) -> str:
         job = await self.store.get(job_id)
@@ -91,6 +97,7 @@ class Finalizer:
                 kbps=job.bitrate_kbps,
                 tags=job.tags(),
                 loudness=(job.loudness_lufs, job.true_peak_dbtp) if job.loudness_lufs else None,
+                cover=await self._cover(job),
             )
             flags = await self.store.flags(job_id)
             document = {**manifest.to_dict(job_id), "title": job.title, "flagged_segments": sorted(flags)}
@@ -110,6 +117,10 @@ class Finalizer:
         await self.store.unmark_finalizing(job_id)
         log.info("finalized %s: %.1f s of audio in %s", job_id, manifest.duration_s, key)
         return "done"
+
+
+def _read_cover(storage: Storage, key: str, max_bytes: int) -> Cover:
+    return read_cover(storage.get_bytes(key), max_bytes)
 
 
 def delete_outputs(storage: Storage, objects: JobObjects) -> None:

@@ -17,6 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 
 SILENCE_LUFS = -70.0  # the absolute gate: a book quieter than this is silence
+#: More than a band-limited signal's inter-sample peak exceeds its sample peak by (dB).
+INTER_SAMPLE_DB = 3.0
+INTER_SAMPLE = 10 ** (INTER_SAMPLE_DB / 20)
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class LoudnessMeter:
         self._hops: list[np.ndarray] = []
         self._upsampler = soxr.ResampleStream(rate, 4 * rate, 1, dtype="float32")
         self._peak = 0.0
+        self._last_peak = 0.0
 
     def feed(self, pcm: np.ndarray) -> None:
         """Add int16 (or float in [-1, 1]) mono samples."""
@@ -46,10 +50,15 @@ class LoudnessMeter:
         import scipy.signal
 
         x = pcm.astype(np.float64) / 32768.0 if pcm.dtype == np.int16 else pcm.astype(np.float64)
-        self._peak = max(self._peak, float(np.abs(x).max()))
-        up = self._upsampler.resample_chunk(x.astype(np.float32))
-        if up.size:
+        sample_peak = float(np.abs(x).max())
+        self._peak = max(self._peak, sample_peak)
+        # the oversampled stream sees every piece (it is one stream); its peaks are looked at only
+        # where they could raise the maximum (a band-limited signal's inter-sample peaks exceed its
+        # sample peaks by far less than INTER_SAMPLE_DB)
+        up = self._upsampler.resample_chunk(x.astype(np.float32))  # (it lags: the last piece is in it too)
+        if up.size and max(sample_peak, self._last_peak) * INTER_SAMPLE > self._peak:
             self._peak = max(self._peak, float(np.abs(up).max()))
+        self._last_peak = sample_peak
         y = x
         for i, (b, a, gain) in enumerate(self._stages):
             y, self._state[i] = scipy.signal.lfilter(b, a, y, zi=self._state[i])
@@ -62,7 +71,7 @@ class LoudnessMeter:
 
     def result(self) -> Loudness:
         tail = self._upsampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
-        if tail.size:
+        if tail.size and self._last_peak * INTER_SAMPLE > self._peak:
             self._peak = max(self._peak, float(np.abs(tail).max()))
         hops = np.concatenate(self._hops) if self._hops else np.zeros(0)
         peak_db = 20 * math.log10(self._peak) if self._peak > 0 else -math.inf
@@ -110,8 +119,8 @@ class PeakLimiter:
         import soxr
 
         x = pcm.astype(np.float64) / 32768.0 * 10 ** (gain_db / 20)
-        if not x.size:
-            return x
+        if not x.size or 20 * math.log10(max(float(np.abs(x).max()), 1e-12)) + INTER_SAMPLE_DB < self.ceiling_db:
+            return x  # no peak can reach the ceiling: nothing to limit (most segments of most books)
         up = np.abs(soxr.resample(x, self.rate, 4 * self.rate))
         peaks = np.maximum(np.abs(x), _groups_max(up, 4, x.size))
         with np.errstate(divide="ignore"):

@@ -88,6 +88,8 @@ class Job:
     #: Normalised to this integrated loudness (LUFS) under this true-peak ceiling (dBTP); 0: not.
     loudness_lufs: float = 0.0
     true_peak_dbtp: float = -3.0
+    #: The cover picture's type (image/png, image/jpeg), stored at ``objects.cover``; "": none.
+    cover: str = ""
 
     def tags(self) -> dict[str, str]:
         """The finished file's tags (jobs/encoding.py TAG_KEYS): an audiobook's, as players read them."""

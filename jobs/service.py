@@ -16,7 +16,7 @@ from fleet.messages import SegmentTask
 from fleet.settings import Settings
 from fleet.storage import Storage
 from jobs.audio import SAMPLE_RATES
-from jobs.encoding import format_named, format_names
+from jobs.encoding import CoverError, format_named, format_names, read_cover
 from jobs.errors import QUOTE_LIMIT, InvalidRequest, JobNotFound, QuotaExceeded, TooLarge, quoted
 from jobs.finalize import delete_outputs, forget_finalize
 from jobs.model import Job, JobStatus
@@ -55,6 +55,8 @@ class JobRequest:
     normalize: bool | None = None
     loudness_lufs: float = -18.0
     true_peak_dbtp: float = -3.0
+    #: A cover picture (PNG or JPEG bytes) for the formats that carry one.
+    cover: bytes | None = None
 
 
 def segment_seed(job_seed: int, voice: str, text: str) -> int:
@@ -121,6 +123,14 @@ def validate(request: JobRequest, settings: Settings, max_text_chars: int | None
         raise InvalidRequest(f"loudness_lufs {request.loudness_lufs} is out of range: -40 to -5 LUFS")
     if not -12 <= request.true_peak_dbtp <= 0:
         raise InvalidRequest(f"true_peak_dbtp {request.true_peak_dbtp} is out of range: -12 to 0 dBTP")
+    cover = ""
+    if request.cover is not None:
+        if not fmt.cover:
+            raise InvalidRequest(f"{fmt.name} carries no cover picture (m4b, m4a, mp3 and opus do)")
+        try:
+            cover = read_cover(request.cover, settings.max_cover_bytes).mime
+        except CoverError as exc:
+            raise InvalidRequest(str(exc)) from None
     if request.year is not None and not 0 < request.year <= 9999:
         raise InvalidRequest(f"year {request.year} is not a year (1-9999)")
     plan = plan_text(request.text, markdown=request.markdown, max_chars=settings.max_segment_chars)
@@ -143,6 +153,7 @@ def validate(request: JobRequest, settings: Settings, max_text_chars: int | None
         language=request.language[:35],
         loudness_lufs=request.loudness_lufs if normalize else 0.0,
         true_peak_dbtp=request.true_peak_dbtp,
+        cover=cover,
         seed=request.seed,
         title=(request.title or (plan.chapters[0].title if plan.chapters else ""))[:500],
         text_chars=len(request.text),
@@ -218,6 +229,12 @@ async def reserve_slot(store: JobStore, job: Job, concurrent_jobs: int) -> None:
             "wait for one to end (or delete one)",
             retry_after_s=30,
         )
+
+
+async def store_cover(storage: Storage, job: Job, data: bytes | None) -> None:
+    """Keep a validated job's cover picture for its finalize (before the job is queued)."""
+    if job.cover and data is not None:
+        await asyncio.to_thread(storage.put_bytes, job.objects.cover, data)
 
 
 async def enqueue(

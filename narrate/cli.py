@@ -244,7 +244,7 @@ def cmd_file(args: argparse.Namespace, settings: Settings) -> int:
     """Narrate one text file into one audio file; refuse what cannot work before anything starts."""
     from jobs.errors import InvalidRequest
     from jobs.service import JobRequest, validate
-    from narrate.file import FileJob, InputError, output_and_format, read_text_file, run
+    from narrate.file import FileJob, InputError, output_and_format, read_cover_file, read_text_file, run
 
     source = Path(args.input)
     try:
@@ -273,6 +273,7 @@ def cmd_file(args: argparse.Namespace, settings: Settings) -> int:
             normalize=args.normalize,
             loudness_lufs=args.loudness,
             true_peak_dbtp=args.true_peak,
+            cover=read_cover_file(args.cover) if args.cover else None,
         )
         job, plan = validate(request, settings)
     except (InputError, InvalidRequest) as exc:
@@ -280,7 +281,7 @@ def cmd_file(args: argparse.Namespace, settings: Settings) -> int:
         return 2
     if warning:
         print(warning, file=sys.stderr)
-    return run(FileJob(job, plan, output, keep=args.keep, manifest=args.manifest), settings)
+    return run(FileJob(job, plan, output, keep=args.keep, manifest=args.manifest, cover=request.cover), settings)
 
 
 # --- parsing -------------------------------------------------------------------------------------
@@ -305,6 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--title", help="the book's title (default: the input's file name)")
     p.add_argument("--author", help="the book's author (the file's artist tag)")
+    p.add_argument("--cover", metavar="PICTURE", help="a PNG or JPEG cover (m4b, m4a, mp3, opus)")
     p.add_argument("--narrator", help="the narrator tag (default: the voice's name)")
     p.add_argument("--year", type=int, help="the year tag")
     p.add_argument("--language", help="the language tag, e.g. en")

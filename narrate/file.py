@@ -67,6 +67,14 @@ def read_text_file(path: Path, max_chars: int) -> str:
     return text
 
 
+def read_cover_file(name: str) -> bytes:
+    """The bytes of ``--cover`` (what it is, the job's validation says)."""
+    path = Path(name)
+    if not path.is_file():
+        raise InputError(f"{path}: no such picture" if not path.exists() else f"{path}: is not a file")
+    return path.read_bytes()
+
+
 def output_and_format(source: Path, output: str | None, fmt: str | None) -> tuple[Path, str]:
     """Where to write and in which format: the output's extension decides unless ``--format`` says;
     an extension that names another known format is a contradiction."""
@@ -105,6 +113,8 @@ class FileJob:
     manifest: bool
     #: The Valkey is this command's own (embedded), not a shared Redis.
     private: bool = False
+    #: The cover picture's bytes (validated with the job).
+    cover: bytes | None = None
 
 
 def _duration(seconds: float) -> str:
@@ -226,6 +236,7 @@ async def _narrate(file_job: FileJob, settings: Settings, supervisor, signals: S
     job, plan = file_job.job, file_job.plan
     progress = None
     try:
+        await service.store_cover(storage, job, file_job.cover)
         await service.enqueue(store, job, plan)
         progress = Progress(job, plan, settings, MODELS[job.model].family.sample_rate)
         after = "0-0"

@@ -40,6 +40,12 @@ def test_a_job_is_accepted_with_its_tasks_and_links(api):
     assert job[b"status"] == b"queued" and job[b"title"] == b"T"
 
 
+def b64(data: bytes) -> str:
+    import base64
+
+    return base64.b64encode(data).decode()
+
+
 @pytest.mark.parametrize(
     ("body", "status", "says"),
     [
@@ -56,6 +62,12 @@ def test_a_job_is_accepted_with_its_tasks_and_links(api):
         ({"text": "Hi.", "format": "flac", "bitrate_kbps": 64}, 422, "flac is lossless: it takes no bitrate"),
         ({"text": "Hi.", "format": "mp3", "bitrate_kbps": "fast"}, 422, "bitrate_kbps"),
         ({"text": "Hi.", "year": 20260}, 422, "year 20260 is not a year"),
+        ({"text": "Hi.", "format": "m4b", "cover": b64(b"GIF89a" + bytes(64))}, 422, "the cover is not a PNG or JPEG picture"),
+        ({"text": "Hi.", "format": "m4b", "cover": b64(b"\x89PNG\r\n\x1a\n" + bytes(64))}, 422, "the cover cannot be read"),
+        ({"text": "Hi.", "format": "m4b", "cover": b64(b"\xff\xd8\xff" + bytes((2 << 20) + 100))}, 422, "at most 2,097,152"),
+        ({"text": "Hi.", "format": "wav", "cover": b64(b"\x89PNG")}, 422, "wav carries no cover picture"),
+        ({"text": "Hi.", "format": "m4b", "cover": "not base64!"}, 422, "cover"),
+        ({"text": "Hi.", "loudness_lufs": -2}, 422, "loudness_lufs -2.0 is out of range: -40 to -5 LUFS"),
         ({"text": "Hi.", "rate": 150}, 422, "has no rate or pitch settings"),
         ({"text": "Hi.", "colour": "red"}, 422, "colour: Extra inputs are not permitted"),
         ({"text": "```\ncode only\n```"}, 422, "nothing to narrate"),

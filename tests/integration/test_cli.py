@@ -145,9 +145,13 @@ def test_an_m4b_has_the_manifests_chapters_and_the_books_tags(tmp_path):
     require(unavailable_reason() is None, f"eSpeak NG: {unavailable_reason()}")
     require(shutil.which("ffprobe") is not None, "ffprobe (Debian's ffmpeg; scripts/test.sh installs it)")
     (tmp_path / "book.md").write_text(BOOK_MD, encoding="utf-8")
+    from tests.jobs.test_encoding import picture
+
+    (tmp_path / "cover.jpg").write_bytes(picture(64, 48, codec="mjpeg"))
     result = narrate(
-        tmp_path, "file", "book.md", "-o", "book.m4b", "--manifest", "--author", "Ann Author", "--year", "2026"
-    )
+        tmp_path, "file", "book.md", "-o", "book.m4b", "--manifest", "--author", "Ann Author", "--year", "2026",
+        "--cover", "cover.jpg",
+    )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     manifest = json.loads((tmp_path / "book.json").read_text())
     probe = json.loads(
@@ -162,8 +166,13 @@ def test_an_m4b_has_the_manifests_chapters_and_the_books_tags(tmp_path):
     tags = probe["format"]["tags"]
     assert (tags["title"], tags["artist"], tags["date"], tags["genre"]) == ("book", "Ann Author", "2026", "Audiobook")
     assert tags["composer"] == get_model("espeak", Settings(models="espeak")).family.default_voice  # the narrator: the voice
-    stream = probe["streams"][0]
+    stream = next(s for s in probe["streams"] if s["codec_type"] == "audio")
+    (cover,) = [s for s in probe["streams"] if s["disposition"]["attached_pic"]]
     assert (stream["codec_name"], int(stream["sample_rate"]), stream["channels"]) == ("aac", 22050, 1)
+    assert (cover["codec_name"], cover["width"], cover["height"], cover["disposition"]["attached_pic"]) == (
+        "mjpeg", 64, 48, 1
+    )
+    assert probe["format"]["tags"]["major_brand"].strip() == "M4B"
     assert abs(float(probe["format"]["duration"]) - manifest["duration_s"]) <= 1024 / 22050
     # normalised (m4b's default): FFmpeg's own BS.1770 meter (ebur128, Debian's build) finds the
     # target loudness and the true peak under the ceiling

@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from fractions import Fraction
 
 import numpy as np
 import pytest
 
 from jobs.audio import Pauses, stitch
-from jobs.encoding import FORMATS, format_named
+from jobs.encoding import FORMATS, CoverError, format_named, read_cover
 from jobs.segmentation import plan_text
 from tests.conftest import require
 
@@ -25,6 +26,32 @@ TEXT = (
 TAGS = {"title": "A Book", "album": "A Book", "artist": "Ann Author", "composer": "tara", "genre": "Audiobook", "date": "2026"}
 #: A codec's frame (samples at the file's rate): the most a decoder may pad the end by.
 FRAME = {"m4b": 1024, "m4a": 1024, "mp3": 1152, "opus": 960, "wav": 0, "flac": 0}
+
+
+def picture(width: int = 40, height: int = 30, codec: str = "png") -> bytes:
+    """A picture made by FFmpeg's own encoder (PNG, or JPEG with ``codec="mjpeg"``)."""
+    import av
+
+    image = av.VideoFrame.from_ndarray(np.full((height, width, 3), 90, np.uint8), format="rgb24")
+    encoder = av.CodecContext.create(codec, "w")
+    encoder.width, encoder.height = width, height
+    encoder.pix_fmt = "rgb24" if codec == "png" else "yuvj420p"
+    encoder.time_base = Fraction(1, 25)
+    if codec != "png":
+        image = image.reformat(format="yuvj420p")
+    return b"".join(bytes(p) for p in [*encoder.encode(image), *encoder.encode(None)])
+
+
+def test_a_cover_must_be_a_png_or_jpeg_that_decodes_and_is_not_too_big():
+    assert read_cover(picture(codec="mjpeg"), 1 << 20).mime == "image/jpeg"
+    with pytest.raises(CoverError, match="not a PNG or JPEG"):
+        read_cover(b"GIF89a" + bytes(100), 1 << 20)
+    with pytest.raises(CoverError, match="at most 1,000"):
+        read_cover(picture(), 1000) if len(picture()) > 1000 else read_cover(picture() + bytes(1000), 1000)
+    with pytest.raises(CoverError, match="cannot be read"):
+        read_cover(b"\x89PNG\r\n\x1a\n" + bytes(200), 1 << 20)
+    with pytest.raises(CoverError, match="at most 64 pixels a side"):
+        read_cover(picture(100, 20), 1 << 20, max_side=64)
 
 
 def ffprobe(path) -> dict:
@@ -61,12 +88,18 @@ def test_a_format_decodes_with_its_length_rate_chapters_and_tags(tmp_path, fmt):
     plan = plan_text(TEXT)
     parts = synthesize(plan, rate)
     out = tmp_path / f"book.{spec.extension}"
+    cover = read_cover(picture(), max_bytes=1 << 20)
     manifest = stitch(
         plan, parts.__getitem__, out, fmt=fmt, model_rate=rate, out_rate=rate, pauses=PAUSES,
-        samples={i: len(b) // 2 for i, b in parts.items()}, tags=TAGS,
+        samples={i: len(b) // 2 for i, b in parts.items()}, tags=TAGS, cover=cover,
     )  # fmt: skip
     probe = ffprobe(out)
-    (stream,) = probe["streams"][:1]
+    stream = next(s for s in probe["streams"] if s["codec_type"] == "audio")
+    pictures = [s for s in probe["streams"] if s.get("disposition", {}).get("attached_pic")]
+    if spec.cover:  # the cover is attached: a picture stream of its size
+        assert [(p["codec_name"], p["width"], p["height"]) for p in pictures] == [("png", 40, 30)], pictures
+    else:
+        assert pictures == []
     assert int(stream["sample_rate"]) == rate and stream["channels"] == 1
     decoded = decoded_samples(out, rate)
     assert manifest.samples <= decoded <= manifest.samples + FRAME[fmt], (decoded, manifest.samples)
