@@ -28,6 +28,7 @@ from api.state import AppState, app_state
 from fleet.readiness import live_counts
 from fleet.storage import StorageError
 from jobs import captions, service
+from jobs.audio import chapter_file_name
 from jobs.encoding import format_named
 from jobs.errors import InvalidRequest, JobNotFound, NotReady
 from jobs.idempotency import Idempotency
@@ -170,18 +171,40 @@ async def delete_job(job_id: str, st: AppState = State, who: Principal = Caller)
     methods=["GET", "HEAD"],
     responses={**AUTH, 404: {"model": Problem}, 409: {"model": Problem}, 307: {}},
 )
-async def get_audio(job_id: str, st: AppState = State, who: Principal = Depends(caller_or_link("audio"))):
+async def get_audio(
+    job_id: str,
+    st: AppState = State,
+    who: Principal = Depends(caller_or_link("audio")),
+    chapter: int | None = Query(
+        default=None, description="One chapter's file, 1 to the job's chapters (jobs with chapter_files)."
+    ),
+    chapters: Literal["zip"] | None = Query(
+        default=None, description="zip: every chapter's file in one zip (jobs with chapter_files)."
+    ),
+):
+    """The finished file (or one chapter's, or a zip of them): a redirect to a presigned URL, or the file."""
     job = await service.get(st.store, job_id, who)
     if job.status != JobStatus.DONE:
         raise NotReady(f"job {job_id} is {job.status.value}; its audio exists once it is done")
-    filename = f"{_safe_name(job.title) or job.id}.{job.format}"
-    url = st.storage.presigned_url(job.audio_key, filename)
+    name = _safe_name(job.title) or job.id
+    key, filename, media_type = job.audio_key, f"{name}.{job.format}", format_named(job.format).content_type
+    if chapter is not None or chapters is not None:
+        if not job.chapter_files:
+            raise InvalidRequest(f"job {job_id} has no chapter files: submit it with chapter_files: true")
+        if chapters is not None:
+            key, filename, media_type = job.objects.chapters_zip, f"{name}.zip", "application/zip"
+        elif not 1 <= chapter <= job.chapters:
+            raise InvalidRequest(f"chapter {chapter} is out of range: this book has chapters 1 to {job.chapters}")
+        else:
+            file_name = chapter_file_name(chapter, format_named(job.format))
+            key, filename = job.objects.chapter(file_name), f"{name} - {file_name}"
+    url = st.storage.presigned_url(key, filename)
     if url is not None:
         return RedirectResponse(url, status_code=307)
-    path = st.storage.local_path(job.audio_key)
-    if path is None:
+    path = st.storage.local_path(key)
+    if path is None or not path.exists():
         raise JobNotFound(f"the audio of job {job_id} is no longer stored")
-    return FileResponse(path, media_type=format_named(job.format).content_type, filename=filename)
+    return FileResponse(path, media_type=media_type, filename=filename)
 
 
 async def _manifest(st: AppState, job_id: str, who: Principal) -> dict:

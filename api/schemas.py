@@ -59,6 +59,9 @@ class JobCreate(BaseModel):
     )
     loudness_lufs: float = Field(default=-18.0, description="Target integrated loudness, -40 to -5 LUFS.")
     true_peak_dbtp: float = Field(default=-3.0, description="True-peak ceiling, -12 to 0 dBTP.")
+    chapter_files: bool = Field(
+        default=False, description="Also one file per chapter (GET .../audio?chapter=N) and a zip (?chapters=zip)."
+    )
     cover: str | None = Field(
         default=None,
         description="A cover picture, PNG or JPEG, base64 or a data: URL (m4b, m4a, mp3, opus; at most 2 MiB).",
@@ -101,6 +104,7 @@ class JobCreate(BaseModel):
             loudness_lufs=self.loudness_lufs,
             true_peak_dbtp=self.true_peak_dbtp,
             cover=decode_cover(self.cover),
+            chapter_files=self.chapter_files,
             seed=self.seed,
             markdown=self.text_format == "markdown",
             rate=self.rate,
@@ -189,6 +193,7 @@ class JobView(BaseModel):
     author: str = ""
     narrator: str = ""
     loudness_lufs: float | None = Field(default=None, description="The loudness it is normalised to, if it is.")
+    chapter_files: bool = Field(default=False, description="It has a file per chapter too.")
     rate: int | None = Field(
         default=None, description="Speaking rate (words per minute), if the model has one."
     )
@@ -226,6 +231,7 @@ class JobView(BaseModel):
             author=job.author,
             narrator=job.narrator,
             loudness_lufs=job.loudness_lufs or None,
+            chapter_files=bool(job.chapter_files),
             rate=job.rate or None,
             pitch=job.pitch if job.rate else None,
             segments_done=job.segments_done,

@@ -183,6 +183,15 @@ class JobObjects:
         """The finished file."""
         return f"{self.outputs_prefix}{fmt}"
 
+    def chapter(self, name: str) -> str:
+        """One chapter's file (``name``: jobs.audio.chapter_file_name)."""
+        return f"{self.outputs_prefix}{name}"
+
+    @property
+    def chapters_zip(self) -> str:
+        """Every chapter's file in one zip."""
+        return f"{self.outputs_prefix}chapters.zip"
+
     @property
     def cover(self) -> str:
         """The cover picture a job uploaded (deleted with its outputs)."""

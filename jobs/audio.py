@@ -65,6 +65,11 @@ class Manifest:
         }
 
 
+def chapter_file_name(number: int, fmt) -> str:
+    """The file of chapter ``number`` (from 1) in storage and in the zip of chapters."""
+    return f"chapter-{number:03d}.{fmt.extension}"
+
+
 def chapter_title(chapter: PlanChapter) -> str:
     """A chapter's title as files and manifests show it (the text before the first heading has none)."""
     return chapter.title or f"Chapter {chapter.index + 1}"
@@ -101,12 +106,15 @@ def stitch(
     tags: dict[str, str] | None = None,
     loudness: tuple[float, float] | None = None,
     cover: Cover | None = None,
+    chapter_dir: Path | None = None,
 ) -> Manifest:
     """Write every segment's PCM (int16 mono at ``model_rate``) with pauses into ``out_path``.
     ``samples``: each segment's length (model-rate samples), for the chapter marks of formats that
     embed them; ``kbps``, ``tags``: the encoder's bitrate (0: the format's default) and the file's tags;
     ``loudness``: (target LUFS, true-peak ceiling dBTP) to normalise to (``normalisation``: three
-    measuring passes before this one, so ``read_segment`` is called four times per segment)."""
+    measuring passes before this one, so ``read_segment`` is called four times per segment);
+    ``chapter_dir``: also one file per chapter there (``chapter_file_name``), cut where the chapter
+    marks are, with the same encoding, gain and cover, tagged with the chapter's title and number."""
     spec = format_named(fmt)
     limiter = plan_gain = None
     if loudness is not None:
@@ -127,17 +135,32 @@ def stitch(
     position = 0  # input samples (model rate) written so far
 
     out = open_sink(out_path, spec, out_rate, kbps=kbps, tags=tags, chapters=marks, cover=cover)
+    part: list = [None]  # the open chapter file's sink
+
+    def next_chapter(chapter: PlanChapter) -> None:
+        if part[0] is not None:
+            part[0].close()
+        number = chapter.index + 1
+        chapter_tags = {**(tags or {}), "title": chapter_title(chapter), "track": f"{number}/{len(plan.chapters)}"}
+        chapter_tags["album"] = (tags or {}).get("title", "")
+        path = chapter_dir / chapter_file_name(number, spec)
+        part[0] = open_sink(path, spec, out_rate, kbps=kbps, tags=chapter_tags, cover=cover)
+
     try:
 
         def write(pcm: np.ndarray, last: bool = False) -> None:
             data = resampler.resample_chunk(pcm, last=last) if resampler is not None else pcm
             if data.size:
                 out.write(data)
+                if part[0] is not None:
+                    part[0].write(data)
                 manifest.samples += int(data.size)
 
         for segment in plan.segments:
             if segment.index in chapter_starts:
                 chapter = chapter_starts[segment.index]
+                if chapter_dir is not None:
+                    next_chapter(chapter)
                 manifest.chapters.append(
                     {
                         "index": chapter.index,
@@ -170,6 +193,8 @@ def stitch(
             write(np.zeros(0, dtype=np.int16), last=True)
     finally:
         out.close()
+        if part[0] is not None:
+            part[0].close()
     if plan_gain is not None:
         manifest.loudness = {
             "target_lufs": loudness[0],

@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import tempfile
+import zipfile
 from pathlib import Path
 
 from fleet.names import JobObjects
@@ -51,6 +52,17 @@ class Finalizer:
         self.store = store
         self.storage = storage
 
+    def _put_chapters(self, job, chapter_dir: Path, zip_path: Path) -> None:
+        """Each chapter's file, and all of them in one zip (stored: the audio is compressed already)."""
+        content_type = format_named(job.format).content_type
+        files = sorted(chapter_dir.iterdir())
+        with zipfile.ZipFile(zip_path, "w", compression=zipfile.ZIP_STORED) as archive:
+            for path in files:
+                archive.write(path, arcname=path.name)
+        for path in files:
+            self.storage.put_file(job.objects.chapter(path.name), path, content_type)
+        self.storage.put_file(job.objects.chapters_zip, zip_path, "application/zip")
+
     async def _cover(self, job) -> Cover | None:
         if not job.cover:
             return None
@@ -84,6 +96,9 @@ class Finalizer:
         key = job.objects.audio(job.format)
         with tempfile.TemporaryDirectory(prefix="narrate-final-") as tmp:
             out = Path(tmp) / f"{job_id}.{job.format}"
+            chapter_dir = Path(tmp) / "chapters" if job.chapter_files else None
+            if chapter_dir is not None:
+                chapter_dir.mkdir()
             manifest = await asyncio.to_thread(
                 stitch,
                 plan,
@@ -98,6 +113,7 @@ class Finalizer:
                 tags=job.tags(),
                 loudness=(job.loudness_lufs, job.true_peak_dbtp) if job.loudness_lufs else None,
                 cover=await self._cover(job),
+                chapter_dir=chapter_dir,
             )
             flags = await self.store.flags(job_id)
             document = {**manifest.to_dict(job_id), "title": job.title, "flagged_segments": sorted(flags)}
@@ -106,6 +122,8 @@ class Finalizer:
                     entry["runaway"] = flags[entry["index"]]  # kept after its last retry: see docs/models.md
             body = json.dumps(document, ensure_ascii=False).encode()
             await asyncio.to_thread(self.storage.put_bytes, job.objects.manifest, body)
+            if chapter_dir is not None:
+                await asyncio.to_thread(self._put_chapters, job, chapter_dir, Path(tmp) / "chapters.zip")
             await asyncio.to_thread(self.storage.put_file, key, out, format_named(job.format).content_type)
         if not await self.store.finish(job_id, key, manifest.duration_s, audio_url(job_id)):
             # cancelled or deleted while we stitched: what we wrote is garbage, unless another run of

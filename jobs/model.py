@@ -90,6 +90,8 @@ class Job:
     true_peak_dbtp: float = -3.0
     #: The cover picture's type (image/png, image/jpeg), stored at ``objects.cover``; "": none.
     cover: str = ""
+    #: 1: also a file per chapter and a zip of them (``objects.chapter``, ``objects.chapters_zip``).
+    chapter_files: int = 0
 
     def tags(self) -> dict[str, str]:
         """The finished file's tags (jobs/encoding.py TAG_KEYS): an audiobook's, as players read them."""

@@ -57,6 +57,8 @@ class JobRequest:
     true_peak_dbtp: float = -3.0
     #: A cover picture (PNG or JPEG bytes) for the formats that carry one.
     cover: bytes | None = None
+    #: Also one file per chapter (and a zip of them).
+    chapter_files: bool = False
 
 
 def segment_seed(job_seed: int, voice: str, text: str) -> int:
@@ -154,6 +156,7 @@ def validate(request: JobRequest, settings: Settings, max_text_chars: int | None
         loudness_lufs=request.loudness_lufs if normalize else 0.0,
         true_peak_dbtp=request.true_peak_dbtp,
         cover=cover,
+        chapter_files=int(request.chapter_files),
         seed=request.seed,
         title=(request.title or (plan.chapters[0].title if plan.chapters else ""))[:500],
         text_chars=len(request.text),

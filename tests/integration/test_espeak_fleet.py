@@ -278,3 +278,45 @@ def test_an_mp3_book_with_its_captions_and_speech_marks(fleet, client, tmp_path)
     for params in ({"format": "ass"}, {"format": "srt", "kind": "chapters"}, {"kind": "words"}):
         bad = client.get(f"/v1/jobs/{job_id}/captions", params=params)
         assert bad.status_code == 422, (params, bad.text)
+
+
+def test_a_book_with_a_file_per_chapter_and_their_zip(fleet, client, tmp_path):
+    """chapter_files: each chapter's file over the real API (``?chapter=N``; Debian's ffprobe reads
+    it: its length is the chapter's in the manifest, within an AAC frame), all of them in a zip; a
+    chapter out of range, or chapter files not asked for, is a clear 422."""
+    import shutil
+    import subprocess
+    import zipfile
+
+    require(shutil.which("ffprobe") is not None, "ffprobe (Debian's ffmpeg; scripts/test.sh installs it)")
+    job_id = submit(client, text=BOOK, title="The Lighthouse", format="m4b", chapter_files=True)["id"]
+    plain_id = submit(client, text="One line only.", format="m4b")["id"]
+    assert wait_done(client, job_id)["status"] == "done" and wait_done(client, plain_id)["status"] == "done"
+    m = manifest(fleet, job_id)
+    ends = [c["start_s"] for c in m["chapters"][1:]] + [m["duration_s"]]
+    for n, (chapter, end) in enumerate(zip(m["chapters"], ends, strict=True), start=1):
+        r = client.get(f"/v1/jobs/{job_id}/audio", params={"chapter": n}, follow_redirects=True)
+        assert r.status_code == 200 and r.headers["content-type"] == "audio/mp4", r.text
+        (tmp_path / f"{n}.m4b").write_bytes(r.content)
+        probe = json.loads(
+            subprocess.run(
+                ["ffprobe", "-v", "error", "-show_format", "-of", "json", f"{n}.m4b"],
+                cwd=tmp_path, capture_output=True, text=True, check=True,
+            ).stdout
+        )  # fmt: skip
+        assert probe["format"]["tags"]["title"] == chapter["title"]
+        assert abs(float(probe["format"]["duration"]) - (end - chapter["start_s"])) <= 1024 / RATE + 0.001
+    archive = client.get(f"/v1/jobs/{job_id}/audio", params={"chapters": "zip"}, follow_redirects=True)
+    assert archive.headers["content-type"] == "application/zip"
+    with zipfile.ZipFile(io.BytesIO(archive.content)) as z:
+        assert z.namelist() == ["chapter-001.m4b", "chapter-002.m4b", "chapter-003.m4b"]
+        assert z.read("chapter-002.m4b") == (tmp_path / "2.m4b").read_bytes()
+    for params, says in (
+        ({"chapter": 4}, "chapter 4 is out of range: this book has chapters 1 to 3"),
+        ({"chapter": 0}, "chapter 0 is out of range"),
+        ({"chapters": "tar"}, "chapters"),
+    ):
+        bad = client.get(f"/v1/jobs/{job_id}/audio", params=params)
+        assert bad.status_code == 422 and says in bad.json()["detail"], (params, bad.text)
+    plain = client.get(f"/v1/jobs/{plain_id}/audio", params={"chapter": 1})
+    assert plain.status_code == 422 and "no chapter files" in plain.json()["detail"]

@@ -138,3 +138,29 @@ def test_format_names_and_aliases():
     assert format_named("M4B").name == "m4b"
     assert format_named("aac").name == "m4a"  # AAC in MP4: ADTS has no place for chapters or the exact length
     assert format_named("ogg") is None
+
+
+@pytest.mark.parametrize("fmt", ["wav", "m4b", "mp3"])
+def test_one_file_per_chapter_cut_at_the_chapter_marks(tmp_path, fmt):
+    plan = plan_text(TEXT)
+    parts = synthesize(plan, 24_000)
+    chapters = tmp_path / "chapters"
+    chapters.mkdir()
+    manifest = stitch(
+        plan, parts.__getitem__, tmp_path / f"book.{fmt}", fmt=fmt, model_rate=24_000, out_rate=24_000,
+        pauses=PAUSES, samples={i: len(b) // 2 for i, b in parts.items()}, tags=TAGS, chapter_dir=chapters,
+    )  # fmt: skip
+    files = sorted(chapters.iterdir())
+    assert [f.name for f in files] == [f"chapter-{n:03d}.{fmt}" for n in range(1, 5)]
+    starts = [round(c["start_s"] * 24_000) for c in manifest.chapters] + [manifest.samples]
+    for n, path in enumerate(files):
+        wanted = starts[n + 1] - starts[n]
+        assert wanted <= decoded_samples(path, 24_000) <= wanted + FRAME[fmt] + (1152 if fmt == "mp3" else 0)
+        if fmt != "wav":
+            tags = {k.lower(): v for k, v in ffprobe(path)["format"]["tags"].items()}
+            assert (tags["title"], tags["track"], tags["album"]) == (manifest.chapters[n]["title"], f"{n + 1}/4", "A Book")
+    if fmt == "wav":  # the chapters, end to end, are the book, sample for sample
+        import soundfile as sf
+
+        book, _ = sf.read(tmp_path / "book.wav", dtype="int16")
+        np.testing.assert_array_equal(np.concatenate([sf.read(f, dtype="int16")[0] for f in files]), book)
