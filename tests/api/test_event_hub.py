@@ -48,6 +48,10 @@ def test_many_subscribers_share_one_reader_and_get_every_event_once_in_order():
         st.read_events = counting
         followers = [asyncio.create_task(collect(hub, "j")) for _ in range(50)]
         late = asyncio.create_task(collect(hub, "j", early[2]))  # resumes after the third event
+        for _ in range(500):  # the followers have subscribed (a busy machine takes its time)
+            await asyncio.sleep(0.01)
+            if hub.feeds:
+                break
         await asyncio.sleep(0.05)
         assert len(hub.feeds) == 1
         more = await add(st, "j", EventType.SEGMENT, 5)
