@@ -40,16 +40,19 @@ async def until(condition, timeout: float = 20) -> None:
         await asyncio.sleep(0.02)
 
 
-def run(settings, scenario) -> None:
+def run(settings, scenario, text: str = TEXT, interactive_slots: int = 0) -> None:
+    """An AR worker of 6 slots (and ``interactive_slots``) on a submitted job; once 6 segments run,
+    ``scenario(synth, ctx)``."""
+
     async def main() -> None:
         ctx = WorkerContext.create(settings)
-        await submit(ctx.store, settings, JobRequest(text=TEXT))
+        await submit(ctx.store, settings, JobRequest(text=text, priority="batch"))
         synth = HeldSynthesizer()
-        worker = ARWorker(ctx, "tiny", synth, max_in_flight=6)
+        worker = ARWorker(ctx, "tiny", synth, max_in_flight=6, interactive_slots=interactive_slots)
         running = asyncio.create_task(worker.run())
         try:
             await until(lambda: len(synth.started) == 6)
-            await scenario(synth)
+            await scenario(synth, ctx)
             assert not running.done(), running
         finally:
             ctx.stop.set()
@@ -62,7 +65,7 @@ def run(settings, scenario) -> None:
 
 
 def test_by_default_each_freed_slot_is_filled_at_once(make_settings, key_prefix):
-    async def scenario(synth):
+    async def scenario(synth, ctx):
         synth.finish(1)
         await until(lambda: len(synth.started) == 7, timeout=5)
 
@@ -70,7 +73,7 @@ def test_by_default_each_freed_slot_is_filled_at_once(make_settings, key_prefix)
 
 
 def test_with_an_admission_batch_new_segments_start_in_groups(make_settings, key_prefix):
-    async def scenario(synth):
+    async def scenario(synth, ctx):
         synth.finish(3)  # 3 free slots: fewer than the batch of 4
         await asyncio.sleep(1.0)
         assert len(synth.started) == 6, "a segment started before 4 slots were free"
@@ -81,7 +84,7 @@ def test_with_an_admission_batch_new_segments_start_in_groups(make_settings, key
 
 
 def test_free_slots_are_taken_anyway_once_the_admission_wait_is_over(make_settings, key_prefix):
-    async def scenario(synth):
+    async def scenario(synth, ctx):
         freed = time.monotonic()
         synth.finish(1)
         await until(lambda: len(synth.started) == 7, timeout=10)
@@ -96,31 +99,17 @@ def test_an_interactive_job_takes_a_reserved_slot_on_an_engine_full_of_a_book(ma
     settings = make_settings(key_prefix, ar_admit_batch=4, ar_admit_wait_ms=60_000)
     book = " ".join(f"Sentence number {i} ends here." for i in range(40))
 
-    async def main() -> None:
-        ctx = WorkerContext.create(settings)
-        await submit(ctx.store, settings, JobRequest(text=book, priority="batch"))
-        synth = HeldSynthesizer()
-        worker = ARWorker(ctx, "tiny", synth, max_in_flight=6, interactive_slots=2)
-        running = asyncio.create_task(worker.run())
-        try:
-            await until(lambda: len(synth.started) == 6)
-            synth.finish(1)  # one batch slot free: it waits for its group of 4
-            await asyncio.sleep(0.5)
-            assert len(synth.started) == 6, "the book took a reserved slot"
-            short = await submit(ctx.store, settings, JobRequest(text="One line. And another."))
-            assert short.priority == "interactive"
-            t0 = time.monotonic()
-            await until(lambda: len(synth.started) == 8, timeout=5)
-            assert time.monotonic() - t0 < 1.0
-            assert sorted(synth.started[6:]) == [0, 1]  # the short job's two segments
-            await asyncio.sleep(0.5)
-            assert len(synth.started) == 8  # and nothing more: the reserved slots are full
-            assert not running.done(), running
-        finally:
-            ctx.stop.set()
-            for event in synth.release.values():
-                event.set()
-            await running
-            await ctx.close()
+    async def scenario(synth, ctx):
+        synth.finish(1)  # one batch slot free: it waits for its group of 4
+        await asyncio.sleep(0.5)
+        assert len(synth.started) == 6, "the book took a reserved slot"
+        short = await submit(ctx.store, settings, JobRequest(text="One line. And another."))
+        assert short.priority == "interactive"
+        t0 = time.monotonic()
+        await until(lambda: len(synth.started) == 8, timeout=5)
+        assert time.monotonic() - t0 < 1.0
+        assert sorted(synth.started[6:]) == [0, 1]  # the short job's two segments
+        await asyncio.sleep(0.5)
+        assert len(synth.started) == 8  # and nothing more: the reserved slots are full
 
-    asyncio.run(main())
+    run(settings, scenario, text=book, interactive_slots=2)
