@@ -77,8 +77,9 @@ def _read_job(raw: bytes, tenant: str, settings, max_text_chars: int):
         body = JobCreate.model_validate(data)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors(include_url=False, include_input=False)) from None
-    job, plan = service.validate(body.to_request(tenant), settings, max_text_chars)
-    return job, plan, body.cover
+    request = body.to_request(tenant)
+    job, plan = service.validate(request, settings, max_text_chars)
+    return job, plan, request.cover, service.encode(job, plan)
 
 
 @router.post(
@@ -107,7 +108,9 @@ async def create_job(
 ) -> JobAccepted:
     limits = await st.limits(who.tenant)
     raw = await request.body()
-    job, plan, cover = await asyncio.to_thread(_read_job, raw, who.tenant, st.settings, limits.max_text_chars)
+    job, plan, cover, encoded = await asyncio.to_thread(
+        _read_job, raw, who.tenant, st.settings, limits.max_text_chars
+    )
     claim = None
     if idempotency_key is not None:
         claim = Idempotency(st.store.redis, st.store.names, who.tenant, idempotency_key, raw)
@@ -117,7 +120,7 @@ async def create_job(
         await service.reserve_slot(st.store, job, limits.concurrent_jobs)
         await st.quotas.characters(who.tenant, limits.chars_per_day, job.text_chars)
         await service.store_cover(st.storage, job, cover)
-        await service.enqueue(st.store, job, plan, weight=limits.weight)
+        await service.enqueue(st.store, job, plan, weight=limits.weight, encoded=encoded)
     except BaseException:
         await st.store.release_job_slot(job.tenant, job.id)
         if job.cover:

@@ -56,22 +56,24 @@ class Scheduler:
 
     async def enqueue(
         self, model: str, shard: int, job_id: str, tenant: str, klass: str, weight: int,
-        tasks: list[SegmentTask], front: bool = False,
+        tasks: list[SegmentTask] | list[bytes], front: bool = False,
     ) -> int:  # fmt: skip
         """Queue tasks of a job (at its end, or its ``front``: a retry); returns its queue's length.
         Then one task (the policy's pick) is admitted if the stream has none waiting: a worker idle in
         its blocking read wakes at once instead of at its next read."""
+        headers = [t if isinstance(t, bytes) else t.header() for t in tasks]
         if self.fifo:
-            return await self._append(model, shard, tasks)
-        args = [job_id, tenant, klass, max(weight, 1), int(front), *(t.header() for t in tasks)]
+            return await self._append(model, shard, headers)
+        args = [job_id, tenant, klass, max(weight, 1), int(front), *headers]
         length = int(await self._enqueue([self.names.queues(model, shard)], args))
         await self._admit_shard(model, shard, 1)
         return length
 
-    async def _append(self, model: str, shard: int, tasks: list[SegmentTask]) -> int:
+    async def _append(self, model: str, shard: int, headers: list[bytes]) -> int:
         pipe = self.redis.pipeline(transaction=True)
-        for task in tasks:
-            pipe.xadd(self.names.tasks(model, shard), task.encode())
+        version = str(SCHEMA_VERSION).encode()
+        for header in headers:
+            pipe.xadd(self.names.tasks(model, shard), {b"v": version, b"h": header})
         await pipe.execute()
         return 0
 

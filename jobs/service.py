@@ -213,6 +213,19 @@ def tasks_for(job: Job, plan: Plan) -> list[SegmentTask]:
     return [segment_task(job, s) for s in plan.segments]
 
 
+@dataclass(frozen=True)
+class Encoded:
+    """A validated job's plan and tasks as they are stored (its JSON, their headers)."""
+
+    plan: str
+    tasks: list[bytes]
+
+
+def encode(job: Job, plan: Plan) -> Encoded:
+    """What ``enqueue`` writes, made ahead (the API makes it in a thread, with the validation)."""
+    return Encoded(plan.to_json(), [t.header() for t in tasks_for(job, plan)])
+
+
 async def submit(
     store: JobStore, settings: Settings, request: JobRequest, concurrent_jobs: int | None = None
 ) -> Job:
@@ -241,7 +254,12 @@ async def store_cover(storage: Storage, job: Job, data: bytes | None) -> None:
 
 
 async def enqueue(
-    store: JobStore, job: Job, plan: Plan, concurrent_jobs: int | None = None, weight: int = 1
+    store: JobStore,
+    job: Job,
+    plan: Plan,
+    concurrent_jobs: int | None = None,
+    weight: int = 1,
+    encoded: Encoded | None = None,
 ) -> None:
     """Store a validated job and queue its segments (all or nothing); it is created now. ``weight``:
     its tenant's share of the engines (jobs/scheduler.py)."""
@@ -249,7 +267,10 @@ async def enqueue(
         await reserve_slot(store, job, concurrent_jobs)
     job.created_at = time.time()
     try:
-        await store.create(job, plan, tasks_for(job, plan), weight)
+        if encoded is None:
+            await store.create(job, plan, tasks_for(job, plan), weight)
+        else:
+            await store.create(job, encoded.plan, encoded.tasks, weight)
     except BaseException:
         await store.release_job_slot(job.tenant, job.id)
         raise

@@ -81,9 +81,13 @@ class JobStore:
         if job_ids:
             await self.redis.srem(self.names.tenant_active(tenant), *job_ids)
 
-    async def create(self, job: Job, plan: Plan, tasks: list[SegmentTask], weight: int = 1) -> None:
+    async def create(
+        self, job: Job, plan: Plan | str, tasks: list[SegmentTask] | list[bytes], weight: int = 1
+    ) -> None:
         """Store the job (one MULTI/EXEC), then queue its segments for admission (one script, in the
-        shard's slot). If queueing fails, the job is deleted again: a 202 is answered only after both."""
+        shard's slot). If queueing fails, the job is deleted again: a 202 is answered only after both.
+        ``plan`` and ``tasks`` may come encoded (its JSON, their headers: ``service.encode``), as the
+        API does in a thread: a whole book's take long enough to stall the event loop."""
         await self._create(job, plan)
         try:
             await self.scheduler.enqueue(job.model, job.shard, job.id, job.tenant, job.priority, weight, tasks)
@@ -91,11 +95,11 @@ class JobStore:
             await self.purge(job)
             raise
 
-    async def _create(self, job: Job, plan: Plan) -> None:
+    async def _create(self, job: Job, plan: Plan | str) -> None:
         n = self.names
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(n.job(job.id), mapping=job.to_hash())
-        pipe.set(n.plan(job.id), plan.to_json())
+        pipe.set(n.plan(job.id), plan if isinstance(plan, str) else plan.to_json())
         pipe.zadd(n.jobs_index(), {job.id: job.created_at})
         pipe.zadd(n.tenant_jobs(job.tenant), {job.id: job.created_at})
         pipe.sadd(n.tenant_active(job.tenant), job.id)

@@ -186,3 +186,20 @@ def test_a_compressed_format_keeps_its_bitrate_tags_and_a_rate_its_codec_takes(a
     job = aac.json()
     assert (job["format"], job["bitrate_kbps"], job["author"], job["narrator"]) == ("m4a", 48, "Ann", job["voice"])
     assert opus.json()["sample_rate"] in (16_000, 24_000, 48_000)  # the model's if Opus takes it, else 48 kHz
+
+
+def test_a_cover_is_kept_for_the_finalize_as_its_bytes(api, tmp_path):
+    from fleet.names import JobObjects
+    from tests.jobs.test_encoding import picture
+
+    png = picture()
+
+    async def scenario(a):
+        made = await a.client.post("/v1/jobs", json={"text": "Hi there.", "format": "m4b", "cover": b64(png)})
+        assert made.status_code == 202, made.text
+        job = await a.client.get(f"/v1/jobs/{made.json()['id']}")
+        return job.json(), a.settings
+
+    job, settings = api(scenario)
+    stored = settings.storage_dir / JobObjects(job["tenant"], job["id"]).cover
+    assert stored.read_bytes() == png
