@@ -51,7 +51,9 @@ class JobCreate(BaseModel):
         default=None, max_length=500, description="The file's narrator (composer) tag; default: the voice's name."
     )
     year: int | None = Field(default=None, description="The file's year (date) tag.")
-    language: str = Field(default="", max_length=35, description="The file's language tag, e.g. en or eng.")
+    language: str = Field(
+        default="", max_length=35, description="The file's language tag: ISO 639-2, three letters (e.g. eng, deu)."
+    )
     normalize: bool | None = Field(
         default=None,
         description="Normalise the book's loudness (two passes, BS.1770-4); default: on for m4b, m4a, mp3, "

@@ -133,6 +133,8 @@ def validate(request: JobRequest, settings: Settings, max_text_chars: int | None
             cover = read_cover(request.cover, settings.max_cover_bytes).mime
         except CoverError as exc:
             raise InvalidRequest(str(exc)) from None
+    if request.language and not (len(request.language) == 3 and request.language.isascii() and request.language.isalpha()):
+        raise InvalidRequest(f"language {quoted(request.language)} is not an ISO 639-2 code (three letters, e.g. eng)")
     if request.year is not None and not 0 < request.year <= 9999:
         raise InvalidRequest(f"year {request.year} is not a year (1-9999)")
     plan = plan_text(request.text, markdown=request.markdown, max_chars=settings.max_segment_chars)
@@ -152,7 +154,7 @@ def validate(request: JobRequest, settings: Settings, max_text_chars: int | None
         author=request.author[:500],
         narrator=(voice if request.narrator is None else request.narrator)[:500],
         year=request.year or 0,
-        language=request.language[:35],
+        language=request.language.lower(),
         loudness_lufs=request.loudness_lufs if normalize else 0.0,
         true_peak_dbtp=request.true_peak_dbtp,
         cover=cover,

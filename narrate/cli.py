@@ -309,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cover", metavar="PICTURE", help="a PNG or JPEG cover (m4b, m4a, mp3, opus)")
     p.add_argument("--narrator", help="the narrator tag (default: the voice's name)")
     p.add_argument("--year", type=int, help="the year tag")
-    p.add_argument("--language", help="the language tag, e.g. en")
+    p.add_argument("--language", help="the language tag: ISO 639-2, three letters (e.g. eng)")
     p.add_argument(
         "--normalize",
         action=argparse.BooleanOptionalAction,

@@ -67,6 +67,7 @@ def b64(data: bytes) -> str:
         ({"text": "Hi.", "format": "m4b", "cover": b64(b"\xff\xd8\xff" + bytes((2 << 20) + 100))}, 422, "at most 2,097,152"),
         ({"text": "Hi.", "format": "wav", "cover": b64(b"\x89PNG")}, 422, "wav carries no cover picture"),
         ({"text": "Hi.", "format": "m4b", "cover": "not base64!"}, 422, "cover"),
+        ({"text": "Hi.", "language": "en"}, 422, "language 'en' is not an ISO 639-2 code (three letters, e.g. eng)"),
         ({"text": "Hi.", "loudness_lufs": -2}, 422, "loudness_lufs -2.0 is out of range: -40 to -5 LUFS"),
         ({"text": "Hi.", "rate": 150}, 422, "has no rate or pitch settings"),
         ({"text": "Hi.", "colour": "red"}, 422, "colour: Extra inputs are not permitted"),

@@ -23,7 +23,7 @@ TEXT = (
     "Before any heading.\n\n# The First Chapter\n\nFirst. Second.\n\nThird.\n\n"
     "# Zwei: Über Äpfel\n\nFourth. Fifth.\n\n# Three\n\nSixth."
 )
-TAGS = {"title": "A Book", "album": "A Book", "artist": "Ann Author", "composer": "tara", "genre": "Audiobook", "date": "2026"}
+TAGS = {"title": "A Book", "album": "A Book", "artist": "Ann Author", "composer": "tara", "genre": "Audiobook", "date": "2026", "language": "deu"}
 #: A codec's frame (samples at the file's rate): the most a decoder may pad the end by.
 FRAME = {"m4b": 1024, "m4a": 1024, "mp3": 1152, "opus": 960, "wav": 0, "flac": 0}
 
