@@ -64,6 +64,7 @@ def ffprobe(path) -> dict:
 
 
 def decoded_samples(path, rate: int) -> int:
+    require(shutil.which("ffmpeg") is not None, "ffmpeg (Debian's package; scripts/test.sh installs it)")
     pcm = subprocess.run(
         ["ffmpeg", "-v", "error", "-i", str(path), "-f", "s16le", "-ac", "1", "-ar", str(rate), "-"],
         capture_output=True, check=True,

@@ -4,6 +4,8 @@ on the decoded file), its true peak under the ceiling, its pauses still exact si
 
 from __future__ import annotations
 
+import re
+import shutil
 import subprocess
 
 import numpy as np
@@ -14,6 +16,7 @@ import soundfile as sf
 from jobs.audio import Pauses, stitch
 from jobs.loudness import LoudnessMeter
 from jobs.segmentation import plan_text
+from tests.conftest import require
 
 RATE = 24_000
 PAUSES = Pauses(300, 700, 1500)
@@ -52,6 +55,7 @@ def test_the_streaming_meter_equals_pyloudnorm():
 
 @pytest.mark.parametrize(("fmt", "target", "ceiling"), [("flac", -18.0, -3.0), ("m4a", -20.0, -3.0), ("flac", -16.0, -1.0)])
 def test_a_book_is_normalised_to_the_target_under_the_ceiling(tmp_path, fmt, target, ceiling):
+    require(shutil.which("ffmpeg") is not None, "ffmpeg (Debian's package; scripts/test.sh installs it)")
     plan = plan_text(TEXT)
     parts = book(plan)
     out = tmp_path / f"book.{fmt}"
@@ -75,3 +79,11 @@ def test_a_book_is_normalised_to_the_target_under_the_ceiling(tmp_path, fmt, tar
             gap = pcm[seg["start_sample"] + seg["samples"] : nxt["start_sample"]]
             assert gap.size == PAUSES.samples(plan.segments[seg["index"]].pause_after, RATE) and not gap.any()
     assert manifest.loudness["gain_db"] > 0  # the quiet book was raised
+    # and FFmpeg's own BS.1770 meter (ebur128, Debian's build: no code shared with ours) agrees
+    report = subprocess.run(
+        ["ffmpeg", "-nostats", "-i", str(out), "-af", "ebur128=peak=true", "-f", "null", "-"],
+        capture_output=True, text=True, check=True,
+    ).stderr.rsplit("Summary:", 1)[1]  # fmt: skip
+    integrated = float(re.search(r"I:\s+(-?[\d.]+) LUFS", report).group(1))
+    true_peak = float(re.search(r"Peak:\s+(-?[\d.]+) dBFS", report).group(1))
+    assert abs(integrated - target) <= 0.5 and true_peak <= ceiling, report
