@@ -30,28 +30,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx  # noqa: E402
 import psutil  # noqa: E402
 
-from fleet.names import Names  # noqa: E402
-from fleet.settings import Settings  # noqa: E402
-from jobs.tenants import TenantStore  # noqa: E402
 from narrate.embedded import EmbeddedValkey  # noqa: E402
-from testing.fleetkit import start_fleet  # noqa: E402
+from testing.fleetkit import espeak_settings, make_keys, start_fleet  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))]
-
-
-async def make_key(url: str, prefix: str) -> str:
-    import redis.asyncio as aioredis
-
-    client = aioredis.from_url(url)
-    tenants = TenantStore(client, Names(prefix))
-    key = await tenants.create_key("bench", admin=True)
-    big = 10**9
-    await tenants.set_limits("bench", concurrent_jobs=100_000, chars_per_day=big, requests_per_minute=10**7)
-    await client.aclose()
-    return key
 
 
 async def sse_fanout(base: str, key: str, clients: int, sentences: int) -> dict:
@@ -248,16 +233,10 @@ def main() -> int:
     valkey = EmbeddedValkey(data)
     url = valkey.start()
     prefix = "apiload"
-    settings = Settings(
-        redis_url=url,
-        key_prefix=prefix,
-        data_dir=data,
-        models="espeak",
-        default_model="espeak",
-        auth="required",
-        max_text_chars=args.max_text_chars,
-    )
-    key = asyncio.run(make_key(url, prefix))
+    settings = espeak_settings(url, prefix, data, max_text_chars=args.max_text_chars)
+    big = 10**9
+    limits = {"admin": True, "concurrent_jobs": 100_000, "chars_per_day": big, "requests_per_minute": 10**7}
+    key = make_keys(url, prefix, {"bench": limits})["bench"]
     fleet = start_fleet(settings, data / "logs", speech_workers=1)
     report: dict = {"cpu": psutil.cpu_count(), "load_before": psutil.getloadavg()}
     try:

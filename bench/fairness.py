@@ -15,7 +15,6 @@ most 3 % lower than alone. One fleet, one run, real processes on a private Valke
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import statistics
 import sys
@@ -27,27 +26,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx  # noqa: E402
 
-from fleet.names import Names  # noqa: E402
-from fleet.settings import Settings  # noqa: E402
-from jobs.tenants import TenantStore  # noqa: E402
 from narrate.embedded import EmbeddedValkey  # noqa: E402
-from testing.fleetkit import start_fleet, wait_done  # noqa: E402
+from testing.fleetkit import espeak_settings, make_keys, start_fleet, wait_done  # noqa: E402
 
 
 def book(segments: int) -> str:
     return " ".join(f"Sentence number {i} of the book is here." for i in range(segments))
-
-
-async def keys(url: str, prefix: str) -> dict[str, str]:
-    import redis.asyncio as aioredis
-
-    client = aioredis.from_url(url)
-    tenants = TenantStore(client, Names(prefix))
-    made = {name: await tenants.create_key(name) for name in ("a", "b")}
-    for name in made:  # the bench polls every 50 ms: no request limit in the way
-        await tenants.set_limits(name, requests_per_minute=10**6)
-    await client.aclose()
-    return made
 
 
 def run_job(c: httpx.Client, text: str, **extra) -> tuple[float, dict]:
@@ -70,16 +54,9 @@ def main() -> int:
     valkey = EmbeddedValkey(data)
     url = valkey.start()
     prefix = "fair"
-    settings = Settings(
-        redis_url=url,
-        key_prefix=prefix,
-        data_dir=data,
-        models="espeak",
-        default_model="espeak",
-        auth="required",
-        tenant_chars_per_day=10**9,
-    )
-    made = asyncio.run(keys(url, prefix))
+    settings = espeak_settings(url, prefix, data, tenant_chars_per_day=10**9)
+    # the bench polls every 50 ms: no request limit in the way
+    made = make_keys(url, prefix, {name: {"requests_per_minute": 10**6} for name in ("a", "b")})
     workers = args.speech_workers or settings.speech_worker_count
     fleet = start_fleet(settings, data / "logs", speech_workers=workers)
     short = "A short question. And its answer."

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import json
 
-CAPTION_FORMATS = ("srt", "vtt")
-KINDS = ("sentences", "chapters")
-
 
 def _clock(seconds: float, separator: str) -> str:
     ms = max(round(seconds * 1000), 0)

@@ -134,10 +134,6 @@ class _SoundFileSink:
         self._file.close()
 
 
-#: Tag names as the muxers take them (FFmpeg maps them to ©nam/©ART/..., TIT2/TPE1/..., comments).
-TAG_KEYS = ("title", "album", "artist", "album_artist", "composer", "genre", "date", "language", "comment")
-
-
 def vorbis_chapters(chapters: list[Chapter]) -> dict[str, str]:
     """Chapters as Ogg comments (the Vorbis chapter extension: CHAPTER001=HH:MM:SS.mmm, CHAPTER001NAME).
     Written here, not by FFmpeg's muxer: FFmpeg 8's writer rounds the seconds field to the nearest

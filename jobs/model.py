@@ -94,7 +94,8 @@ class Job:
     chapter_files: int = 0
 
     def tags(self) -> dict[str, str]:
-        """The finished file's tags (jobs/encoding.py TAG_KEYS): an audiobook's, as players read them."""
+        """The finished file's tags, by FFmpeg's names (it maps them to ©nam/©ART/…, TIT2/TPE1/…,
+        Vorbis comments): an audiobook's, as players read them."""
         return {
             "title": self.title,
             "album": self.title,

@@ -81,10 +81,10 @@ class Scheduler:
         keys = [self.names.tasks(model, shard), self.names.queues(model, shard)]
         return int(await self._admit(keys, [max(wanted, 0), SCHEMA_VERSION, max(interactive_extra, 0)]))
 
-    async def admit(self, model: str, group: str, wanted: int, interactive_extra: int = 0) -> int:
-        """Fill each shard's stage stream of ``model`` up to ``wanted`` undelivered tasks, and up to
-        ``interactive_extra`` more of interactive jobs (a worker's reserved slots); how many moved.
-        (``group``: the readers' consumer group; every group's pending entries count.)"""
+    async def admit(self, model: str, wanted: int, interactive_extra: int = 0) -> int:
+        """Fill each shard's stage stream of ``model`` up to ``wanted`` undelivered tasks (every
+        consumer group's pending entries count as delivered), and up to ``interactive_extra`` more
+        of interactive jobs (a worker's reserved slots); how many moved."""
         if self.fifo:
             return 0
         moved = 0

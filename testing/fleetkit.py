@@ -88,6 +88,37 @@ class RunningFleet:
         self.supervisor.stop()
 
 
+def espeak_settings(redis_url: str, prefix: str, data_dir: Path, **overrides) -> Settings:
+    """Settings of an eSpeak NG fleet with keys required (the shared-service tests and benches)."""
+    base = dict(models="espeak", default_model="espeak", auth="required")
+    return Settings(redis_url=redis_url, key_prefix=prefix, data_dir=data_dir, **{**base, **overrides})
+
+
+def make_keys(redis_url: str, prefix: str, tenants: dict[str, dict]) -> dict[str, str]:
+    """An API key per entry: name -> its key. Each entry's ``tenant`` (default: the name) and
+    ``admin`` go to the key, the rest are the tenant's limits (``TenantStore.set_limits``)."""
+    import redis.asyncio as aioredis
+
+    from jobs.tenants import TenantStore
+
+    async def make() -> dict[str, str]:
+        client = aioredis.from_url(redis_url)
+        store = TenantStore(client, Names(prefix))
+        made = {}
+        try:
+            for name, spec in tenants.items():
+                spec = dict(spec)
+                tenant, admin = spec.pop("tenant", name), spec.pop("admin", False)
+                made[name] = await store.create_key(tenant, admin=admin)
+                if spec:
+                    await store.set_limits(tenant, **spec)
+        finally:
+            await client.aclose()
+        return made
+
+    return asyncio.run(make())
+
+
 def start_fleet(
     settings: Settings,
     log_dir: Path,

@@ -56,7 +56,7 @@ class WorkerContext:
         async def admit(wanted: int) -> int:
             extra = min(reserved(), wanted) if reserved else 0
             scheduler = self.store.scheduler
-            return sum([await scheduler.admit(m, group, wanted - extra, extra) for m in admit_models or ()])
+            return sum([await scheduler.admit(m, wanted - extra, extra) for m in admit_models or ()])
 
         return RedisStreams(
             self.redis,

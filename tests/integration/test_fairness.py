@@ -4,7 +4,6 @@ job leaving no work behind, a job's place while it waits."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import httpx
@@ -12,10 +11,8 @@ import pytest
 import redis
 
 from fleet.names import Names
-from fleet.settings import Settings
-from jobs.tenants import TenantStore
 from models.espeak import unavailable_reason
-from testing.fleetkit import delete_prefix, start_fleet, wait_done, wait_until
+from testing.fleetkit import delete_prefix, espeak_settings, make_keys, start_fleet, wait_done, wait_until
 from tests.conftest import require
 from workers.speech import SpeechWorker
 
@@ -32,27 +29,10 @@ def fair(redis_url, data_dir, tmp_path_factory):
     (weight 1), and user."""
     require(unavailable_reason() is None, f"eSpeak NG: {unavailable_reason()}")
     prefix = f"fair-{int(time.time() * 1000) % 10**9}"
-    settings = Settings(
-        redis_url=redis_url,
-        key_prefix=prefix,
-        data_dir=data_dir,
-        models="espeak",
-        default_model="espeak",
-        block_ms=200,
-        auth="required",
-        max_text_chars=3_000_000,
-        tenant_chars_per_day=10**9,
+    settings = espeak_settings(
+        redis_url, prefix, data_dir, block_ms=200, max_text_chars=3_000_000, tenant_chars_per_day=10**9
     )
-
-    async def keys():
-        client = redis.asyncio.from_url(redis_url)
-        tenants = TenantStore(client, Names(prefix))
-        made = {name: await tenants.create_key(name) for name in ("heavy", "light", "user")}
-        await tenants.set_limits("heavy", weight=3)
-        await client.aclose()
-        return made
-
-    made = asyncio.run(keys())
+    made = make_keys(redis_url, prefix, {"heavy": {"weight": 3}, "light": {}, "user": {}})
     fleet = start_fleet(settings, tmp_path_factory.mktemp("fair-logs"), speech_workers=1)
     try:
         yield fleet, made

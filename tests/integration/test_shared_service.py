@@ -17,10 +17,9 @@ import redis
 
 from api.links import LinkSigner
 from fleet.names import Names
-from fleet.settings import Settings
 from jobs.tenants import TenantStore
 from models.espeak import unavailable_reason
-from testing.fleetkit import delete_prefix, read_sse, start_fleet, wait_done
+from testing.fleetkit import delete_prefix, espeak_settings, make_keys, read_sse, start_fleet, wait_done
 from tests.conftest import require
 
 pytestmark = pytest.mark.integration
@@ -33,28 +32,18 @@ def service(redis_url, data_dir, tmp_path_factory):
     """A fleet with keys required, and keys of tenants alice, bob and an admin."""
     require(unavailable_reason() is None, f"eSpeak NG: {unavailable_reason()}")
     prefix = f"shared-{int(time.time() * 1000) % 10**9}"
-    settings = Settings(
-        redis_url=redis_url,
-        key_prefix=prefix,
-        data_dir=data_dir,
-        models="espeak",
-        default_model="espeak",
-        block_ms=200,
-        auth="required",
-        max_text_chars=300_000,
+    settings = espeak_settings(redis_url, prefix, data_dir, block_ms=200, max_text_chars=300_000)
+    made = make_keys(
+        redis_url,
+        prefix,
+        {
+            "alice": {},
+            "bob": {},
+            "quota": {"concurrent_jobs": 1, "chars_per_day": 60, "max_text_chars": 40},
+            "rate": {"requests_per_minute": 5},
+            "admin": {"tenant": "ops", "admin": True},
+        },
     )
-
-    async def keys():
-        client = redis.asyncio.from_url(redis_url)
-        tenants = TenantStore(client, Names(prefix))
-        made = {name: await tenants.create_key(name) for name in ("alice", "bob", "quota", "rate")}
-        made["admin"] = await tenants.create_key("ops", admin=True)
-        await tenants.set_limits("quota", concurrent_jobs=1, chars_per_day=60, max_text_chars=40)
-        await tenants.set_limits("rate", requests_per_minute=5)
-        await client.aclose()
-        return made
-
-    made = asyncio.run(keys())
     fleet = start_fleet(settings, tmp_path_factory.mktemp("logs"), speech_workers=1)
     try:
         yield fleet, made

@@ -32,7 +32,7 @@ async def take(redis, scheduler: Scheduler, n: int) -> list[tuple[str, int]]:
     stream = scheduler.names.tasks(MODEL)
     with contextlib.suppress(Exception):  # the group exists already
         await redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
-    await scheduler.admit(MODEL, GROUP, n)
+    await scheduler.admit(MODEL, n)
     reply = await redis.xreadgroup(GROUP, "c", {stream: ">"}, count=n)
     out = []
     for _, entries in reply or []:
@@ -96,7 +96,7 @@ def test_only_what_engines_asked_for_enters_the_stream_and_one_wakes_an_idle_wor
         redis, s = harness()
         await redis.xgroup_create(s.names.tasks(MODEL), GROUP, id="0", mkstream=True)
         await s.enqueue(MODEL, 0, "a", "alice", BATCH, 1, tasks("a", 50))
-        moved = [await s.admit(MODEL, GROUP, 8) for _ in range(3)]  # nobody read in between
+        moved = [await s.admit(MODEL, 8) for _ in range(3)]  # nobody read in between
         return moved, await redis.xlen(s.names.tasks(MODEL)), await s.queued(MODEL)
 
     moved, in_stream, queued = asyncio.run(main())
@@ -130,7 +130,7 @@ def test_fifo_baseline_puts_every_task_in_the_stream_in_arrival_order():
         s = Scheduler(redis, Names("t"), fifo=True)
         await s.enqueue(MODEL, 0, "book", "alice", BATCH, 1, tasks("book", 30))
         await s.enqueue(MODEL, 0, "short", "bob", INTERACTIVE, 1, tasks("short", 2))
-        assert await s.admit(MODEL, GROUP, 4) == 0  # nothing queued: nothing to admit
+        assert await s.admit(MODEL, 4) == 0  # nothing queued: nothing to admit
         assert await s.queued(MODEL) == 0
         return await take(redis, s, 100)
 

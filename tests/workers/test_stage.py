@@ -226,7 +226,7 @@ def test_submit_then_a_real_stage_over_memory_streams(harness):
 
     async def main():
         job = await submit(ctx.store, ctx.settings, JobRequest(text="Alpha. Beta."))
-        await ctx.store.scheduler.admit("tiny", "echo", 10)  # queued -> the stage stream
+        await ctx.store.scheduler.admit("tiny", 10)  # queued -> the stage stream
         assert await ctx.redis.xlen(ctx.names.tasks("tiny")) == 2
         for _, fields in await ctx.redis.xrange(ctx.names.tasks("tiny")):
             broker.put(ctx.names.tasks("tiny"), fields)
