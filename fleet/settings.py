@@ -95,10 +95,11 @@ class Settings(BaseSettings):
     # --- streaming (I1) ------------------------------------------------------------------------
     #: Frames of new audio per code chunk.
     chunk_frames: int = 25
-    #: Frames in the first chunk of a job's first segment: small, for a fast first audio (3 Orpheus
-    #: frames = 256 ms of audio, 21 tokens + 21 of look-ahead); its later chunks double up to
-    #: chunk_frames. Other segments start at chunk_frames (they are ready before they are played).
-    first_chunk_frames: int = 3
+    #: Frames in the first chunk of a job's first segment: small, for a fast first audio (1 Orpheus
+    #: frame = 85 ms of audio, 7 tokens + 21 of look-ahead: under a full GPU's ~22 ms steps the
+    #: first audio waits for 28 steps, not 42 as with 3); its later chunks double up to chunk_frames.
+    #: Other segments start at chunk_frames (they are ready before they are played).
+    first_chunk_frames: int = Field(default=1, ge=1)
     #: Frames of left context sent with every chunk (>= the decoder's receptive field); unset: the
     #: model family's measured value (SNAC 24 kHz: 4; the 16 kHz single-codebook codec: 10).
     left_context_frames: int | None = None

@@ -50,6 +50,11 @@ def decode_chunks(codecs: dict[str, Codec], chunks: list[CodeChunk]) -> list[Aud
     return [out[i] for i in range(len(chunks))]
 
 
+def _is_first_audio(chunk: CodeChunk) -> bool:
+    """A job's very first window: the audio its listener is waiting for."""
+    return chunk.segment == 0 and chunk.seq == 0
+
+
 def _holds_a_first_segment(deliveries: list[Delivery]) -> bool:
     """A job's first segment is what a listener waits for (time to first audio): never held back
     to fill a batch. Later segments are ready long before they are played."""
@@ -112,6 +117,14 @@ class DecoderWorker(Stage[CodeChunk]):
         return _holds_a_first_segment(deliveries)
 
     async def process(self, work: list[Work[CodeChunk]]) -> None:
+        """Jobs' first windows first (time to first audio), then the rest of the batch."""
+        first = [w for w in work if _is_first_audio(w.message)]
+        if first and len(first) < len(work):
+            await self._process_batch(first)
+            work = [w for w in work if not _is_first_audio(w.message)]
+        await self._process_batch(work)
+
+    async def _process_batch(self, work: list[Work[CodeChunk]]) -> None:
         """Decode the batch as one; if that fails, chunk by chunk, so that a chunk that cannot be
         decoded fails alone (retried, then dead-lettered) and the others go on."""
         error = await self.attempt(self._decode_and_publish(work))

@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 #: Entries kept in the dead-letter stream (capped: it is for operators, not a store of record).
 DEAD_LETTERS_MAXLEN = 100_000
+#: A lingering batch looks for more entries this often (an urgent one then ends the wait).
+LINGER_SLICE_S = 0.025
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,9 +106,13 @@ class Transport(ABC):
         batched work), unless ``urgent`` says it must go at once."""
         if not self._batch:
             batch = await self.read(count, block_ms)
-            if batch and linger_s > 0 and len(batch) < count and not (urgent and urgent(batch)):
-                await asyncio.sleep(linger_s)
-                batch += await self.read(count - len(batch), None)
+            if batch and linger_s > 0:
+                # in slices, so that an urgent entry arriving meanwhile ends the wait at once
+                loop = asyncio.get_running_loop()
+                until = loop.time() + linger_s
+                while len(batch) < count and not (urgent and urgent(batch)) and (left := until - loop.time()) > 0:
+                    await asyncio.sleep(min(left, LINGER_SLICE_S))
+                    batch += await self.read(count - len(batch), None)
             self._batch = batch
         return self._batch
 

@@ -192,7 +192,7 @@ def test_runaway_is_retried_with_the_next_seed_then_kept_flagged(make_settings, 
 
 
 def test_only_a_jobs_first_segment_starts_with_the_small_chunk_ramp(make_settings, tiny_dir):
-    """Segment 0 is what a listener waits for: 3 frames, then 6, 12, 24, 25. Later segments run
+    """Segment 0 is what a listener waits for: 1 frame, then 2, 4, 8, 16, 25. Later segments run
     alongside it and start at the full chunk (fewer windows to decode)."""
     settings = make_settings("unused", models="tiny,orpheus", orpheus_dir=tiny_dir)
     sizes = {}
@@ -200,5 +200,5 @@ def test_only_a_jobs_first_segment_starts_with_the_small_chunk_ramp(make_setting
         task = SegmentTask("j", segment, TEXT, "orpheus", "tara", seed=5)
         windows, exc = asyncio.run(run_segment(synthesizer(settings), task))
         sizes[segment] = [w.new_frames for w in windows + exc.flush]  # the tiny model never stops: 53 frames
-    assert sizes[0] == [3, 6, 12, 24, 8]
+    assert sizes[0] == [1, 2, 4, 8, 16, 22]
     assert sizes[1] == [25, 25, 3]

@@ -92,8 +92,25 @@ def test_a_first_segment_is_decoded_at_once(decoder):
         await ctx.redis.xadd(codes, chunk(job, 0, 6))
         await ctx.redis.xadd(codes, chunk(job, 2, 32))
         await asyncio.wait_for(worker.step(), 2.0)  # far less than the linger
-        assert codec.calls == [[6, 32]]  # one batch, without waiting
-        assert sorted(a.segment for a in await audio_entries(ctx)) == [0, 2]
+        assert codec.calls == [[6], [32]]  # without waiting; the job's first window decoded alone, first
+        assert [a.segment for a in await audio_entries(ctx)] == [0, 2]  # and published first
+        await ctx.redis.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_first_segment_arriving_during_the_linger_ends_it(decoder):
+    async def main():
+        ctx, worker, codec, job = await decoder(linger_ms=5_000)
+        codes = ctx.names.codes(job.model)
+        await ctx.redis.xadd(codes, chunk(job, 2, 32))
+        step = asyncio.create_task(worker.step())
+        await asyncio.sleep(0.2)  # the decoder lingers for more chunks
+        assert not step.done()
+        await ctx.redis.xadd(codes, chunk(job, 0, 6))  # a listener waits for this one
+        await asyncio.wait_for(step, 1.0)  # far less than the linger
+        assert codec.calls == [[6], [32]]
+        assert [a.segment for a in await audio_entries(ctx)] == [0, 2]
         await ctx.redis.aclose()
 
     asyncio.run(main())
