@@ -61,6 +61,8 @@ def create_app(
     errors.install(app)
     app.include_router(router)
     app.add_middleware(
-        BodyLimit, max_bytes=settings.max_body_bytes or max_body_bytes(settings.max_text_chars, settings.max_cover_bytes)
+        BodyLimit,
+        max_bytes=settings.max_body_bytes
+        or max_body_bytes(settings.max_text_chars, settings.max_cover_bytes, settings.max_upload_bytes),
     )
     return app

@@ -18,6 +18,7 @@ from jobs.errors import (
     NotReady,
     QuotaExceeded,
     TooLarge,
+    UnsupportedFile,
 )
 
 
@@ -33,6 +34,7 @@ class Unauthorized(Exception):
 STATUS: dict[type[JobError], int] = {
     QuotaExceeded: 429,
     TooLarge: 413,
+    UnsupportedFile: 415,
     InvalidEventId: 400,
     InvalidRequest: 422,
     JobNotFound: 404,

@@ -3,7 +3,7 @@
 ``BodyLimit`` is pure ASGI middleware: a request whose Content-Length is over the limit is answered
 413 before any of its body is read; a chunked (or lying) body is counted as it arrives and answered
 413 the moment it passes the limit, so the API never holds more than the limit of any body. Routes
-that take a body also name the content types they accept (``require_json``: 415 otherwise).
+that take a body also name the content types they accept (``require_job_body``: 415 otherwise).
 """
 
 from __future__ import annotations
@@ -20,10 +20,12 @@ JSON_BYTES_PER_CHAR = 6
 ENVELOPE_BYTES = 64 * 1024
 
 
-def max_body_bytes(max_text_chars: int, max_cover_bytes: int = 0) -> int:
-    """The largest body a request of ``max_text_chars`` characters of text (and a cover picture of
-    ``max_cover_bytes``, base64) can need."""
-    return max_text_chars * JSON_BYTES_PER_CHAR + -(-max_cover_bytes // 3) * 4 + ENVELOPE_BYTES
+def max_body_bytes(max_text_chars: int, max_cover_bytes: int = 0, max_upload_bytes: int = 0) -> int:
+    """The largest body a request of ``max_text_chars`` characters of text, or a file of
+    ``max_upload_bytes`` (base64 in JSON), with a cover picture of ``max_cover_bytes`` (base64), can
+    need."""
+    content = max(max_text_chars * JSON_BYTES_PER_CHAR, -(-max_upload_bytes // 3) * 4)
+    return content + -(-max_cover_bytes // 3) * 4 + ENVELOPE_BYTES
 
 
 async def _refuse(send, status: int, detail: str) -> None:
@@ -80,10 +82,15 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
-def require_json(request: Request) -> None:
-    """A FastAPI dependency of routes whose body is JSON (checked before the body is parsed)."""
-    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if media != "application/json":
+def media_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+def require_job_body(request: Request) -> None:
+    """A FastAPI dependency of routes that take a job or a book: JSON, or multipart/form-data with a
+    file (checked before the body is parsed)."""
+    media = media_type(request)
+    if media not in ("application/json", "multipart/form-data"):
         raise UnsupportedMediaType(
-            f"send the job as application/json, not {media or 'a body without a content type'}"
+            f"send it as application/json or multipart/form-data, not {media or 'a body without a content type'}"
         )

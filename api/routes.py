@@ -12,33 +12,49 @@ import asyncio
 import json
 import re
 import time
+from dataclasses import dataclass
 from typing import Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from sse_starlette import EventSourceResponse
+from starlette.datastructures import UploadFile as StarletteUploadFile
 
 from api.auth import caller, caller_or_link
-from api.limits import require_json
-from api.schemas import JobAccepted, JobCreate, JobList, JobView, Links, ModelView, Problem
+from api.limits import media_type, require_job_body
+from api.schemas import (
+    BookContents,
+    BookSource,
+    JobAccepted,
+    JobCreate,
+    JobList,
+    JobView,
+    Links,
+    ModelView,
+    Problem,
+    job_form_schema,
+)
 from api.sse import check_resume, event_stream, resume_point
 from api.state import AppState, app_state
 from fleet.readiness import live_counts
 from fleet.storage import StorageError
 from jobs import captions, service
 from jobs.audio import chapter_file_name
+from jobs.books import Book
 from jobs.encoding import format_named
 from jobs.errors import InvalidRequest, JobNotFound, NotReady
 from jobs.idempotency import Idempotency
 from jobs.model import Job, JobStatus
 from jobs.tenants import Principal
+from jobs.uploads import Upload, read_upload
 from models.registry import served_models
 
 router = APIRouter()
 #: The job body's schema, for the OpenAPI document (the route parses the body itself, in a thread).
 JOB_CREATE = JobCreate.model_json_schema(ref_template="#/components/schemas/{model}")
+JOB_FORM = job_form_schema()
 
 State = Depends(app_state)
 Caller = Depends(caller)
@@ -64,22 +80,69 @@ async def list_models(st: AppState = State, _: Principal = Caller) -> list[Model
     return [ModelView.of(spec, st.settings, live) for spec in specs]
 
 
-def _read_job(raw: bytes, tenant: str, settings, max_text_chars: int):
-    """The body as a job and its plan: JSON parsing, validation and segmentation, which for a whole
-    book take long enough that they run in a thread, never on the event loop."""
-    try:  # Python's parser: it keeps a lone surrogate (valid JSON), so validation can say what it is
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise RequestValidationError(
-            [{"type": "json_invalid", "loc": ("body",), "msg": "invalid JSON"}]
-        ) from None
+def _parse_body(raw: bytes, model: type[BaseModel], fields: dict | None = None):
+    """The body as ``model``: JSON ``raw``, or the form ``fields`` of a multipart request (their
+    strings converted to the fields' types: "128" is 128 there, as forms cannot say otherwise)."""
+    context = None
+    if fields is not None:
+        data, strict, context = fields, False, {"file_part": True}
+    else:
+        try:  # Python's parser: it keeps a lone surrogate (valid JSON), so validation can say what it is
+            data, strict = json.loads(raw), None
+        except (ValueError, UnicodeDecodeError):
+            raise RequestValidationError(
+                [{"type": "json_invalid", "loc": ("body",), "msg": "invalid JSON"}]
+            ) from None
     try:
-        body = JobCreate.model_validate(data)
+        return model.model_validate(data, strict=strict, context=context)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors(include_url=False, include_input=False)) from None
-    request = body.to_request(tenant)
+
+
+def _read_job(raw: bytes, form: FormBody | None, tenant: str, settings, max_text_chars: int):
+    """The body as a job and its plan: parsing (an uploaded book's too), validation and
+    segmentation, which for a whole book take long enough that they run in a thread, never on the
+    event loop."""
+    body = _parse_body(raw, JobCreate, form.fields if form else None)
+    request = body.to_request(tenant, settings, form.upload if form else None)
     job, plan = service.validate(request, settings, max_text_chars)
     return job, plan, request.cover, service.encode(job, plan)
+
+
+@dataclass(frozen=True)
+class FormBody:
+    """A multipart/form-data body: its file part and its other fields."""
+
+    upload: Upload | None
+    fields: dict
+
+
+#: Fields a form may repeat (or give comma-separated): they are lists.
+_LIST_FIELDS = frozenset({"chapters"})
+
+
+async def _read_form(request: Request, settings) -> FormBody:
+    """The form of a multipart body: one file part ("file") and fields named like the JSON body's."""
+    form = await request.form(max_files=1, max_fields=100, max_part_size=1024 * 1024)  # unreadable: a 400
+    upload, fields = None, {}
+    try:
+        for key, value in form.multi_items():
+            if isinstance(value, StarletteUploadFile):
+                if key != "file":
+                    raise InvalidRequest(f"the file part is named {key[:40]!r}; name it 'file'")
+                upload = Upload(await value.read(), value.filename or "", "", value.content_type or "")
+            elif key in _LIST_FIELDS:
+                items = [v.strip() for v in value.split(",") if v.strip()]
+                fields.setdefault(key, []).extend(int(v) if v.isdigit() else v for v in items)
+            else:
+                fields[key] = value
+    finally:
+        await form.close()
+    if upload is None:
+        raise InvalidRequest("a multipart/form-data job needs a file part named 'file' (an EPUB, .txt or .md)")
+    if "text" in fields or "source" in fields:
+        raise InvalidRequest("a multipart/form-data job is its file: send text or source as JSON instead")
+    return FormBody(upload, fields)
 
 
 @router.post(
@@ -93,9 +156,15 @@ def _read_job(raw: bytes, tenant: str, settings, max_text_chars: int):
         415: {"model": Problem},
         422: {"model": Problem},
     },
-    dependencies=[Depends(require_json)],
+    dependencies=[Depends(require_job_body)],
     openapi_extra={
-        "requestBody": {"required": True, "content": {"application/json": {"schema": JOB_CREATE}}}
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": JOB_CREATE},
+                "multipart/form-data": {"schema": JOB_FORM},
+            },
+        }
     },
 )
 async def create_job(
@@ -108,8 +177,9 @@ async def create_job(
 ) -> JobAccepted:
     limits = await st.limits(who.tenant)
     raw = await request.body()
+    form = await _read_form(request, st.settings) if media_type(request) == "multipart/form-data" else None
     job, plan, cover, encoded = await asyncio.to_thread(
-        _read_job, raw, who.tenant, st.settings, limits.max_text_chars
+        _read_job, raw, form, who.tenant, st.settings, limits.max_text_chars
     )
     claim = None
     if idempotency_key is not None:
@@ -131,6 +201,33 @@ async def create_job(
     if claim is not None:
         await claim.bind(job.id)
     return JobAccepted.of(job, links(st, job))
+
+
+def _read_contents(raw: bytes, form: FormBody | None, settings) -> BookContents:
+    if form is not None:
+        upload = form.upload
+        alt_text = str(form.fields.get("alt_text", "")).lower() in ("1", "true", "yes", "on")
+    else:
+        body = _parse_body(raw, BookSource)
+        upload, alt_text = body.source.upload(), body.alt_text
+    read = read_upload(upload, settings, alt_text=alt_text)
+    if not isinstance(read, Book):
+        raise InvalidRequest("only a book (an EPUB) has contents to list; a text file is narrated whole")
+    return BookContents.of(read)
+
+
+@router.post(
+    "/v1/books/contents",
+    response_model=BookContents,
+    responses={**AUTH, 400: {"model": Problem}, 413: {"model": Problem}, 415: {"model": Problem}, 422: {"model": Problem}},
+    dependencies=[Depends(require_job_body)],
+)
+async def book_contents(request: Request, st: AppState = State, _: Principal = Caller) -> BookContents:
+    """What a job would read of an EPUB: its metadata and chapters, numbered as a job's ``chapters``
+    selection takes them, each saying whether it is narrated by default. Nothing is stored."""
+    raw = await request.body()
+    form = await _read_form(request, st.settings) if media_type(request) == "multipart/form-data" else None
+    return await asyncio.to_thread(_read_contents, raw, form, st.settings)
 
 
 @router.api_route("/v1/jobs", methods=["GET", "HEAD"], response_model=JobList, responses=AUTH)

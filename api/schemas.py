@@ -5,16 +5,36 @@ from __future__ import annotations
 import base64
 import binascii
 import time
+from dataclasses import replace
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
 from fleet.settings import Settings
+from jobs.books import Book
 from jobs.encoding import format_names
 from jobs.errors import InvalidRequest
 from jobs.model import Job, JobStatus
-from jobs.service import JobRequest
+from jobs.service import JobRequest, from_book
+from jobs.uploads import Upload, read_upload
 from models.registry import ModelSpec
+
+
+class Source(BaseModel):
+    """A file to narrate, sent inside the JSON body (multipart/form-data sends it as a file part)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    kind: Literal["epub", "text", "markdown"] = Field(description="What the file is.")
+    data: str = Field(description="The file's bytes, base64.")
+    name: str = Field(default="", max_length=300, description="Its file name (for messages).")
+
+    def upload(self) -> Upload:
+        try:
+            data = base64.b64decode(self.data, validate=True)
+        except (binascii.Error, ValueError):
+            raise InvalidRequest("source.data is not base64 (the file's bytes, base64-encoded)") from None
+        return Upload(data, self.name, self.kind)
 
 
 class JobCreate(BaseModel):
@@ -32,7 +52,20 @@ class JobCreate(BaseModel):
         },
     )
 
-    text: str = Field(description="The text to narrate: plain text or Markdown (headings start chapters).")
+    text: str | None = Field(
+        default=None,
+        description="The text to narrate: plain text or Markdown (headings start chapters). Or send a source.",
+    )
+    source: Source | None = Field(
+        default=None, description="A file to narrate instead of text: an EPUB, or a .txt or .md file (base64)."
+    )
+    chapters: list[int | str] | None = Field(
+        default=None,
+        max_length=10_000,
+        description="EPUB: the chapters to narrate, by number (from 1, as POST /v1/books/contents lists them) "
+        "or title; default: all but the front and back matter (cover, title page, copyright, contents, index).",
+    )
+    alt_text: bool = Field(default=False, description="EPUB: read images' alt text.")
     title: str | None = Field(default=None, max_length=500)
     voice: str | None = Field(
         default=None,
@@ -87,11 +120,36 @@ class JobCreate(BaseModel):
         description="interactive: its segments go before every batch job's; default: interactive when short.",
     )
 
-    def to_request(self, tenant: str) -> JobRequest:
+    @model_validator(mode="after")
+    def _text_or_source(self, info: ValidationInfo) -> JobCreate:
+        if (info.context or {}).get("file_part"):  # multipart: the file is the text
+            return self
+        if (self.text is None) == (self.source is None):
+            raise ValueError("send either text or a source (a file), not both or neither")
+        return self
+
+    def to_request(self, tenant: str, settings: Settings, upload: Upload | None = None) -> JobRequest:
+        """The job request; ``upload``: a file sent beside the fields (multipart), else ``source``'s.
+        Reads the file (an EPUB's chapters, a text file's text): CPU work, run it in a thread."""
+        request = self._request(tenant, self.text or "")
+        upload = upload or (self.source.upload() if self.source is not None else None)
+        if upload is None:
+            if self.chapters is not None:
+                raise InvalidRequest("chapters: only a book (an EPUB source or file) has chapters to choose")
+            return request
+        read = read_upload(upload, settings, alt_text=self.alt_text)
+        if isinstance(read, Book):
+            return from_book(request, read, self.chapters)
+        if self.chapters is not None:
+            raise InvalidRequest("chapters: only a book (an EPUB) has chapters to choose; this file is text")
+        text, is_markdown = read
+        return replace(request, text=text, markdown=is_markdown)
+
+    def _request(self, tenant: str, text: str) -> JobRequest:
         return JobRequest(
             tenant=tenant,
             priority=self.priority,
-            text=self.text,
+            text=text,
             title=self.title,
             voice=self.voice,
             model=self.model,
@@ -111,6 +169,50 @@ class JobCreate(BaseModel):
             markdown=self.text_format == "markdown",
             rate=self.rate,
             pitch=self.pitch,
+        )
+
+
+def job_form_schema() -> dict:
+    """The multipart/form-data job for the OpenAPI document: a file part and JobCreate's fields."""
+    fields = JobCreate.model_json_schema()["properties"]
+    properties = {k: v for k, v in fields.items() if k not in ("text", "source")}
+    properties["chapters"] = {"type": "string", "description": "Comma-separated numbers or titles (or repeat the field)."}
+    file = {"type": "string", "format": "binary", "description": "An EPUB, .txt or .md file."}
+    return {"type": "object", "required": ["file"], "properties": {"file": file, **properties}}
+
+
+class BookSource(BaseModel):
+    """A book to list the contents of (POST /v1/books/contents, JSON)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    source: Source
+    alt_text: bool = False
+
+
+class BookChapterView(BaseModel):
+    number: int = Field(description="What a job's chapters selection names it by.")
+    title: str
+    matter: str = Field(description='"" for the body; else cover, titlepage, copyright-page, toc, index, unlisted...')
+    narrated_by_default: bool
+    chars: int = Field(description="Characters of text (the title aside).")
+
+
+class BookContents(BaseModel):
+    title: str
+    author: str
+    language: str = Field(description="ISO 639-2, or empty.")
+    cover: bool = Field(description="Whether the book has a cover picture (used for m4b, m4a, mp3, opus).")
+    chapters: list[BookChapterView]
+
+    @classmethod
+    def of(cls, book: Book) -> BookContents:
+        return cls(
+            title=book.title,
+            author=book.author,
+            language=book.language,
+            cover=book.cover is not None,
+            chapters=[BookChapterView(**c) for c in book.contents()],
         )
 
 

@@ -51,10 +51,16 @@ class Settings(BaseSettings):
 
     # --- input limits and segmentation -------------------------------------------------------
     max_text_chars: int = 2_000_000
-    #: The largest request body the API reads, bytes; 0: what a text of max_text_chars can need as JSON.
+    #: The largest request body the API reads, bytes; 0: what a text of max_text_chars or an uploaded
+    #: file of max_upload_bytes (base64 in JSON) can need.
     max_body_bytes: int = Field(default=0, ge=0)
     #: A job's cover picture (PNG or JPEG), bytes.
     max_cover_bytes: int = Field(default=2 * 1024 * 1024, gt=0)
+    #: An uploaded book (EPUB, .txt, .md), bytes; what an EPUB may unpack to (jobs/epub.py: zip bombs).
+    max_upload_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
+    epub_max_files: int = Field(default=10_000, gt=0)
+    epub_max_unpacked_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
+    epub_max_ratio: int = Field(default=200, gt=1)
     #: Sentences longer than this are split at clause boundaries (characters).
     max_segment_chars: int = 300
 

@@ -45,3 +45,7 @@ class QuotaExceeded(JobError):
     def __init__(self, message: str, retry_after_s: int) -> None:
         super().__init__(message)
         self.retry_after_s = max(int(retry_after_s), 1)
+
+
+class UnsupportedFile(InvalidRequest):
+    """An uploaded file of a kind this service does not read (an HTTP 415)."""

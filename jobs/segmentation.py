@@ -79,7 +79,9 @@ _LIST_ITEM = re.compile(r"^\s{0,3}(?:[-*+]|\d{1,3}[.)])\s+")
 
 
 @dataclass(slots=True)
-class _Block:
+class Block:
+    """A paragraph or a heading: the span ``text[start:end]`` of the text it is planned from."""
+
     start: int
     end: int
     heading: bool
@@ -94,9 +96,9 @@ def _lines(text: str):
     yield pos, len(text)
 
 
-def _blocks(text: str, markdown: bool) -> list[_Block]:
-    blocks: list[_Block] = []
-    current: _Block | None = None
+def _blocks(text: str, markdown: bool) -> list[Block]:
+    blocks: list[Block] = []
+    current: Block | None = None
     in_fence = False
 
     def close() -> None:
@@ -119,14 +121,14 @@ def _blocks(text: str, markdown: bool) -> list[_Block]:
         heading = _heading_span(text, start, end, markdown)
         if heading is not None:
             close()
-            blocks.append(_Block(heading[0], heading[1], heading=True))
+            blocks.append(Block(heading[0], heading[1], heading=True))
             continue
         if markdown and _LIST_ITEM.match(line):
             close()  # each list item reads as its own paragraph
-            current = _Block(start + _LIST_ITEM.match(line).end(), end, heading=False)
+            current = Block(start + _LIST_ITEM.match(line).end(), end, heading=False)
             continue
         if current is None:
-            current = _Block(start, end, heading=False)
+            current = Block(start, end, heading=False)
         else:
             current.end = end
     close()
@@ -248,7 +250,14 @@ def _is_boundary(text: str, term: re.Match[str], para_end: int) -> tuple[bool, i
         return False, nxt
     if term.group() == "." and len(_word_before(text, term.start())) == 1:
         return False, nxt  # an initial: J. R. R. Tolkien
+    if term.group() == "." and _INITIALISM.fullmatch(_word_before(text, term.start())):
+        # "the U.S. Navy", "U.K. Parliament": one sentence. "...in the U.S. Then" merges two, which a
+        # listener does not notice; a break inside a name they do.
+        return False, nxt
     return True, nxt
+
+
+_INITIALISM = re.compile(r"(?:[^\W\d_]\.)+[^\W\d_]")  # u.s, u.s.a, e.u (the last dot is the terminator)
 
 
 def _can_start_sentence(char: str) -> bool:
@@ -365,11 +374,17 @@ def spoken(text: str, markdown: bool = True) -> str:
 
 def plan_text(text: str, *, markdown: bool = True, max_chars: int = 300) -> Plan:
     """Segment ``text`` into sentences grouped into paragraphs and chapters."""
+    return plan_blocks(text, _blocks(text, markdown), markdown=markdown, max_chars=max_chars)
+
+
+def plan_blocks(text: str, blocks: list[Block], *, markdown: bool = False, max_chars: int = 300) -> Plan:
+    """Segment ``text`` whose paragraphs and headings are known (a book's structure, jobs/books.py):
+    every heading block starts a chapter titled by it."""
     if max_chars < 20:
         raise ValueError("max_chars must be at least 20")
     plan = Plan()
     paragraph = -1
-    for block in _blocks(text, markdown):
+    for block in blocks:
         if block.heading:
             title = spoken(text[block.start : block.end], markdown)
             if not title:

@@ -10,18 +10,19 @@ import asyncio
 import hashlib
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fleet.messages import SegmentTask
 from fleet.settings import Settings
 from fleet.storage import Storage
 from jobs.audio import SAMPLE_RATES
+from jobs.books import Book, layout, select
 from jobs.encoding import CoverError, format_named, format_names, read_cover
 from jobs.errors import QUOTE_LIMIT, InvalidRequest, JobNotFound, QuotaExceeded, TooLarge, quoted
 from jobs.finalize import delete_outputs, forget_finalize
 from jobs.model import Job, JobStatus
 from jobs.scheduler import BATCH, CLASSES, INTERACTIVE, shard_of
-from jobs.segmentation import Plan, Segment, plan_text
+from jobs.segmentation import Block, Plan, Segment, plan_blocks, plan_text
 from jobs.store import JobStore
 from jobs.tenants import DEFAULT_TENANT, Principal
 from models.registry import UnknownModelError, get_model
@@ -59,6 +60,33 @@ class JobRequest:
     cover: bytes | None = None
     #: Also one file per chapter (and a zip of them).
     chapter_files: bool = False
+    #: The paragraphs and headings of ``text`` when they are known (a book's, ``from_book``).
+    blocks: list[Block] | None = None
+
+
+def from_book(request: JobRequest, book: Book, chapters: list[int | str] | None = None) -> JobRequest:
+    """The request for narrating ``book`` (the ``chapters`` chosen, else its body): its text laid
+    out with its chapters, and the book's title, author, language and cover where the request gives
+    none (a cover only for formats that carry one, and only if it is a usable picture)."""
+    text, blocks = layout(select(book, chapters))
+    cover = request.cover
+    fmt = format_named(request.format)
+    if cover is None and book.cover and fmt is not None and fmt.cover:
+        try:
+            read_cover(book.cover, 2**31)
+            cover = book.cover
+        except CoverError:
+            pass  # a book whose cover is not a PNG or JPEG is still narrated, without it
+    return replace(
+        request,
+        text=text,
+        blocks=blocks,
+        markdown=False,
+        title=request.title or book.title or None,
+        author=request.author or book.author,
+        language=request.language or book.language,
+        cover=cover,
+    )
 
 
 def segment_seed(job_seed: int, voice: str, text: str) -> int:
@@ -137,7 +165,10 @@ def validate(request: JobRequest, settings: Settings, max_text_chars: int | None
         raise InvalidRequest(f"language {quoted(request.language)} is not an ISO 639-2 code (three letters, e.g. eng)")
     if request.year is not None and not 0 < request.year <= 9999:
         raise InvalidRequest(f"year {request.year} is not a year (1-9999)")
-    plan = plan_text(request.text, markdown=request.markdown, max_chars=settings.max_segment_chars)
+    if request.blocks is not None:
+        plan = plan_blocks(request.text, request.blocks, max_chars=settings.max_segment_chars)
+    else:
+        plan = plan_text(request.text, markdown=request.markdown, max_chars=settings.max_segment_chars)
     if not plan.segments:
         raise InvalidRequest(
             "text has nothing to narrate: no letter or digit outside markup and code "

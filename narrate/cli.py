@@ -242,13 +242,29 @@ def check_model(model: str, settings: Settings) -> None:
 
 def cmd_file(args: argparse.Namespace, settings: Settings) -> int:
     """Narrate one text file into one audio file; refuse what cannot work before anything starts."""
+    from dataclasses import replace
+
     from jobs.errors import InvalidRequest
-    from jobs.service import JobRequest, validate
-    from narrate.file import FileJob, InputError, output_and_format, read_cover_file, read_text_file, run
+    from jobs.service import JobRequest, from_book, validate
+    from narrate.file import (
+        FileJob,
+        InputError,
+        is_book,
+        output_and_format,
+        parse_chapters,
+        print_contents,
+        read_book_file,
+        read_cover_file,
+        read_text_file,
+        run,
+    )
 
     source = Path(args.input)
     try:
-        text = read_text_file(source, settings.max_text_chars)
+        book = read_book_file(source, settings, alt_text=args.alt_text) if is_book(source) else None
+        if args.list_chapters:
+            return print_contents(source, book)
+        text = read_text_file(source, settings.max_text_chars) if book is None else ""
         output, fmt = output_and_format(source, args.output, args.format)
         model, warning = file_model(args.model, settings)
         check_model(model, settings)
@@ -275,6 +291,11 @@ def cmd_file(args: argparse.Namespace, settings: Settings) -> int:
             true_peak_dbtp=args.true_peak,
             cover=read_cover_file(args.cover) if args.cover else None,
         )
+        if book is not None:  # the book's title, author, language and cover unless given
+            request = from_book(replace(request, title=args.title), book, parse_chapters(args.chapters))
+            request = replace(request, title=request.title or source.stem)
+        elif args.chapters:
+            raise InputError(f"{source}: --chapters: only a book (an EPUB) has chapters to choose")
         job, plan = validate(request, settings)
     except (InputError, InvalidRequest) as exc:
         print(f"narrate: {exc}", file=sys.stderr)
@@ -295,7 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, help="what to run")
 
     p = sub.add_parser("file", help="narrate a text file into an audio file (embedded defaults)")
-    p.add_argument("input", help="a UTF-8 text or Markdown file (Markdown headings start chapters)")
+    p.add_argument(
+        "input", help="an EPUB, or a UTF-8 text or Markdown file (Markdown headings start chapters)"
+    )
     p.add_argument(
         "-o",
         "--output",
@@ -304,7 +327,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--format", choices=list(FORMATS), help="the output format, when the file name does not say it"
     )
-    p.add_argument("--title", help="the book's title (default: the input's file name)")
+    p.add_argument("--title", help="the book's title (default: an EPUB's own, else the input's file name)")
+    p.add_argument(
+        "--chapters",
+        metavar="LIST",
+        help="an EPUB's chapters to narrate: numbers and titles, comma-separated (see --list-chapters); "
+        "default: all but the front and back matter",
+    )
+    p.add_argument("--list-chapters", action="store_true", help="list an EPUB's chapters and exit")
+    p.add_argument("--alt-text", action="store_true", help="read an EPUB's image descriptions (alt text)")
     p.add_argument("--author", help="the book's author (the file's artist tag)")
     p.add_argument("--cover", metavar="PICTURE", help="a PNG or JPEG cover (m4b, m4a, mp3, opus)")
     p.add_argument("--narrator", help="the narrator tag (default: the voice's name)")

@@ -38,6 +38,52 @@ class InputError(ValueError):
     """The command line asks for something impossible: said in one line, exit code 2."""
 
 
+def is_book(path: Path) -> bool:
+    """An EPUB, by its name or its first bytes (a zip)."""
+    if path.suffix.lower() == ".epub":
+        return True
+    try:
+        with path.open("rb") as f:
+            return f.read(4) == b"PK\x03\x04"
+    except OSError:
+        return False  # read_text_file says why
+
+
+def read_book_file(path: Path, settings, *, alt_text: bool = False):
+    """The EPUB at ``path`` as a ``Book``, or ``InputError`` saying why it cannot be read."""
+    from jobs.errors import InvalidRequest
+    from jobs.uploads import Upload, read_upload
+
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        return read_upload(Upload(data, path.name, "epub"), settings, alt_text=alt_text)
+    except InvalidRequest as exc:
+        raise InputError(f"{path}: {exc}") from None
+
+
+def parse_chapters(text: str | None) -> list[int | str] | None:
+    """``--chapters 1,3,Epilogue`` -> [1, 3, "Epilogue"]."""
+    if not text:
+        return None
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    return [int(t) if t.isdigit() else t for t in items]
+
+
+def print_contents(path: Path, book) -> int:
+    """``--list-chapters``: what ``--chapters`` can name, and what is narrated by default."""
+    if book is None:
+        print(f"narrate: {path}: --list-chapters: only a book (an EPUB) has chapters", file=sys.stderr)
+        return 2
+    print(f"{book.title or path.name}" + (f" by {book.author}" if book.author else ""))
+    for c in book.chapters:
+        skipped = f"  (skipped: {c.matter})" if c.skipped_by_default else ""
+        print(f"{c.number:4d}  {c.title or '(untitled)'}  [{c.chars:,} characters]{skipped}")
+    return 0
+
+
 def read_text_file(path: Path, max_chars: int) -> str:
     """The text of ``path``, or ``InputError`` saying why it cannot be narrated."""
     if not path.exists():

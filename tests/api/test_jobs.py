@@ -72,7 +72,7 @@ def b64(data: bytes) -> str:
         ({"text": "Hi.", "rate": 150}, 422, "has no rate or pitch settings"),
         ({"text": "Hi.", "colour": "red"}, 422, "colour: Extra inputs are not permitted"),
         ({"text": "```\ncode only\n```"}, 422, "nothing to narrate"),
-        ({"title": "no text"}, 422, "text: Field required"),
+        ({"title": "no text"}, 422, "send either text or a source (a file)"),
     ],
 )
 def test_a_refused_job_says_why_and_writes_nothing(api, body, status, says):

@@ -257,3 +257,31 @@ def test_narrate_fleet_runs_every_stage_as_children(redis_url, data_dir, tiny_di
     text = (tmp_path / "fleet.log").read_text()
     for child in ("api", "ar-tiny-0", "decoder-0", "assembler-0", "finalizer-0"):
         assert f"started {child}" in text
+
+
+def test_narrate_file_reads_an_epub_and_its_chapter_choice(tmp_path):
+    """``narrate file book.epub``: the book's chapters (or those chosen) in the m4b, read by ffprobe;
+    ``--list-chapters`` says what can be chosen; a DRM-protected book is refused before anything
+    starts."""
+    require(unavailable_reason() is None, f"eSpeak NG: {unavailable_reason()}")
+    require(shutil.which("ffprobe") is not None, "ffprobe (Debian's ffmpeg; scripts/test.sh installs it)")
+    from testing.epubkit import sample_book
+    from tests.jobs.test_epub import _with
+
+    (tmp_path / "novel.epub").write_bytes(sample_book(2))
+    listing = narrate(tmp_path, "file", "novel.epub", "--list-chapters")
+    assert listing.returncode == 0, listing.stderr
+    assert "   2  Copyright  [47 characters]  (skipped: copyright-page)" in listing.stdout
+    result = narrate(tmp_path, "file", "novel.epub", "-o", "part.m4b", "--chapters", "4,Chapter 3: Home")
+    assert result.returncode == 0, result.stdout + result.stderr
+    probe = json.loads(
+        subprocess.run(
+            ["ffprobe", "-v", "error", "-show_chapters", "-show_format", "-of", "json", "part.m4b"],
+            cwd=tmp_path, capture_output=True, text=True, check=True,
+        ).stdout
+    )  # fmt: skip
+    assert [c["tags"]["title"] for c in probe["chapters"]] == ["Chapter 1: The Ship", "Chapter 3: Home"]
+    assert probe["format"]["tags"]["title"] == "A Test Book"
+    (tmp_path / "locked.epub").write_bytes(_with(sample_book(2), add={"META-INF/rights.xml": b"<r/>"}))
+    refused = narrate(tmp_path, "file", "locked.epub", "-o", "locked.m4b")
+    assert refused.returncode == 2 and "DRM-protected" in refused.stderr and not (tmp_path / "locked.m4b").exists()

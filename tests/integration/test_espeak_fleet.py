@@ -320,3 +320,41 @@ def test_a_book_with_a_file_per_chapter_and_their_zip(fleet, client, tmp_path):
         assert bad.status_code == 422 and says in bad.json()["detail"], (params, bad.text)
     plain = client.get(f"/v1/jobs/{plain_id}/audio", params={"chapter": 1})
     assert plain.status_code == 422 and "no chapter files" in plain.json()["detail"]
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_an_epub_uploaded_over_http_becomes_an_m4b_with_its_chapters(fleet, client, tmp_path, version):
+    """An EPUB as a multipart upload to the real API (real HTTP, real Redis, real worker processes):
+    the m4b that comes back has the book's body chapters (front and back matter skipped), its title,
+    author and cover, as Debian's ffprobe reads them; the manifest quotes the chapters' sentences."""
+    import shutil
+    import subprocess
+
+    from testing.epubkit import sample_book
+    from tests.jobs.test_epub import BODY
+
+    require(shutil.which("ffprobe") is not None, "ffprobe (Debian's ffmpeg; scripts/test.sh installs it)")
+    r = client.post(
+        "/v1/jobs",
+        files={"file": ("novel.epub", sample_book(version), "application/epub+zip")},
+        data={"format": "m4b"},
+    )
+    assert r.status_code == 202, r.text
+    job_id = r.json()["id"]
+    assert wait_done(client, job_id)["status"] == "done"
+    audio = client.get(f"/v1/jobs/{job_id}/audio", follow_redirects=True)
+    assert audio.status_code == 200
+    (tmp_path / "book.m4b").write_bytes(audio.content)
+    probe = json.loads(
+        subprocess.run(
+            ["ffprobe", "-v", "error", "-show_chapters", "-show_format", "-show_streams", "-of", "json", "book.m4b"],
+            cwd=tmp_path, capture_output=True, text=True, check=True,
+        ).stdout
+    )  # fmt: skip
+    assert [c["tags"]["title"] for c in probe["chapters"]] == BODY
+    tags = probe["format"]["tags"]
+    assert (tags["title"], tags["artist"]) == ("A Test Book", "Ada Writer")
+    assert any(s["disposition"]["attached_pic"] for s in probe["streams"])  # the book's cover
+    texts = [s["text"] for s in manifest(fleet, job_id)["segments"]]
+    assert "The U.S. Navy sailed at dawn." in texts and "The note is not read." not in " ".join(texts)
+    assert not any("Copyright" in t or "Navy, 3." in t for t in texts)  # skipped matter

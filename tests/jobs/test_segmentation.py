@@ -132,3 +132,8 @@ def test_segmentation_is_linear_enough_for_a_book():
     plan = plan_text(book)
     assert len(plan.segments) == 15000
     assert time.perf_counter() - start < 20  # a generous bound: pysbd took ~100 s for a third of this
+
+
+def test_an_initialism_before_a_capital_stays_in_its_sentence():
+    texts = [s.text for s in plan_text("The U.S. Navy sailed. The U.K. Parliament sat. See the E.U. Then go home.").segments]
+    assert texts == ["The U.S. Navy sailed.", "The U.K. Parliament sat.", "See the E.U. Then go home."]
