@@ -170,6 +170,8 @@ class Settings(BaseSettings):
     sentence_pause_ms: int = 300
     paragraph_pause_ms: int = 700
     chapter_pause_ms: int = 1500
+    #: After a scene break (a rule: ***, * * *, ---; an EPUB's <hr>).
+    scene_pause_ms: int = 2000
     #: Job keys live this long after the job ends, seconds.
     result_ttl_s: int = 7 * 24 * 3600
     #: Progress events kept per job (capped stream).

@@ -18,7 +18,7 @@ import numpy as np
 from jobs.encoding import FORMATS, Chapter, CodecRoundTrip, Cover, format_named, open_sink
 from jobs.loudness import MAX_GAIN_DB, Loudness, LoudnessMeter, PeakLimiter, normalising_gain_db
 from jobs.segmentation import Chapter as PlanChapter
-from jobs.segmentation import Pause, Plan
+from jobs.segmentation import Pause, Plan, Segment
 
 __all__ = ["FORMATS", "SAMPLE_RATES", "Manifest", "Pauses", "chapter_marks", "format_named", "stitch"]
 
@@ -30,14 +30,29 @@ class Pauses:
     sentence_ms: int
     paragraph_ms: int
     chapter_ms: int
+    scene_ms: int = 2000
+
+    @classmethod
+    def of(cls, settings) -> Pauses:
+        s = settings
+        return cls(s.sentence_pause_ms, s.paragraph_pause_ms, s.chapter_pause_ms, s.scene_pause_ms)
 
     def samples(self, pause: Pause, rate: int) -> int:
+        """The structural pause's length in samples at ``rate``."""
         ms = {
             Pause.SENTENCE: self.sentence_ms,
             Pause.PARAGRAPH: self.paragraph_ms,
+            Pause.SCENE: self.scene_ms,
             Pause.CHAPTER: self.chapter_ms,
         }
         return round(ms.get(pause, 0) * rate / 1000)
+
+    def after(self, segment: Segment, rate: int) -> int:
+        """The silence after ``segment``, in samples: its explicit pause (``[pause 2s]``), else the
+        structure's."""
+        if segment.pause_ms >= 0:
+            return round(segment.pause_ms * rate / 1000)
+        return self.samples(segment.pause_after, rate)
 
 
 @dataclass
@@ -84,7 +99,7 @@ def chapter_marks(plan: Plan, samples: dict[int, int], pauses: Pauses, model_rat
     for segment in plan.segments:
         if (chapter := first_of.get(segment.index)) is not None:
             starts.append((chapter_title(chapter), position))
-        position += samples[segment.index] + pauses.samples(segment.pause_after, model_rate)
+        position += samples[segment.index] + pauses.after(segment, model_rate)
     ends = [start for _, start in starts[1:]] + [position]
     return [
         Chapter(title, start / model_rate, end / model_rate)
@@ -185,7 +200,7 @@ def stitch(
                     "samples": round(pcm.size * ratio),
                 }
             )
-            gap = pauses.samples(segment.pause_after, model_rate)
+            gap = pauses.after(segment, model_rate)
             if gap:
                 write(np.zeros(gap, dtype=np.int16))
                 position += gap
@@ -215,7 +230,7 @@ def _book_loudness(plan: Plan, read_segment, rate: int, pauses: Pauses, shape=No
     for segment in plan.segments:
         pcm = np.frombuffer(read_segment(segment.index), dtype="<i2")
         meter.feed(pcm if shape is None else shape(pcm))
-        if gap := pauses.samples(segment.pause_after, rate):
+        if gap := pauses.after(segment, rate):
             meter.feed(np.zeros(gap, dtype=np.int16))
     return meter.result()
 
@@ -325,7 +340,7 @@ def _heard_through(
         shaped = to_int16(shape(np.frombuffer(read_segment(segment.index), dtype="<i2")))
         before.feed(shaped)
         through(shaped)
-        if gap := pauses.samples(segment.pause_after, rate):
+        if gap := pauses.after(segment, rate):
             before.feed(np.zeros(gap, dtype=np.int16))
             through(np.zeros(gap, dtype=np.int16))
     if resampler is not None:

@@ -34,6 +34,8 @@ SKIPPED_MATTER = frozenset(
         "unlisted",
     }
 )
+#: A paragraph that is a scene break (an EPUB's <hr>): a scene pause, nothing said.
+SCENE_BREAK = "* * *"
 #: How a selection quotes the chapters it could not find (at most this many of the book's titles).
 _LISTED_TITLES = 12
 
@@ -57,7 +59,7 @@ class BookChapter:
 
     @property
     def chars(self) -> int:
-        return sum(len(p) for p in self.paragraphs)
+        return sum(len(p) for p in self.paragraphs if p != SCENE_BREAK)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +142,8 @@ def layout(chapters: list[BookChapter]) -> tuple[str, list[Block]]:
             parts.append("\n\n")
             pos += 2
         parts.append(text)
-        blocks.append(Block(pos, pos + len(text), heading))
+        scene = text == SCENE_BREAK
+        blocks.append(Block(pos, pos if scene else pos + len(text), heading and not scene, scene=scene))
         pos += len(text)
 
     for chapter in chapters:

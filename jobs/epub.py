@@ -31,7 +31,7 @@ from urllib.parse import unquote, urlsplit
 
 from lxml import etree, html
 
-from jobs.books import Book, BookChapter, BookError
+from jobs.books import SCENE_BREAK, Book, BookChapter, BookError
 
 _NS = {
     "c": "urn:oasis:names:tc:opendocument:xmlns:container",
@@ -659,6 +659,12 @@ class _Walker:
             return
         if eid and f"{path}#{eid}" in self._notes:
             return  # the note a dropped marker points to (EPUB 2 books mark notes no other way)
+        if tag == "hr" and not _skipped(element, self.alt_text):
+            self._flush()
+            chapter = self._chapters[-1] if self._chapters else None
+            if chapter is not None and chapter["paragraphs"] and chapter["paragraphs"][-1] != SCENE_BREAK:
+                chapter["paragraphs"].append(SCENE_BREAK)  # a scene break (a pause), never at a chapter's start
+            return
         if _skipped(element, self.alt_text):
             if tag in ("a", "sup"):
                 for a in element.iter("a"):

@@ -81,8 +81,7 @@ class Finalizer:
             await self.store.fail(job_id, reason)
             return "failed"
         model_rate = MODELS[job.model].family.sample_rate
-        s = self.settings
-        pauses = Pauses(s.sentence_pause_ms, s.paragraph_pause_ms, s.chapter_pause_ms)
+        pauses = Pauses.of(self.settings)
 
         def read_segment(index: int) -> bytes:
             attempt, samples = winners[index]

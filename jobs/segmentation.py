@@ -18,12 +18,15 @@ import re
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 
+from jobs.errors import InvalidRequest
+
 
 class Pause(StrEnum):
     """The pause that follows a segment."""
 
     SENTENCE = "sentence"
     PARAGRAPH = "paragraph"
+    SCENE = "scene"  # a scene break: a rule (***, * * *, ---) or an EPUB's <hr>
     CHAPTER = "chapter"
     END = "end"
 
@@ -38,6 +41,9 @@ class Segment:
     paragraph: int
     heading: bool
     pause_after: Pause
+    #: An explicit pause after it (``[pause 2s]`` markup), milliseconds, instead of ``pause_after``'s;
+    #: -1: none.
+    pause_ms: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +80,11 @@ _CHAPTER_LINE = re.compile(
     re.IGNORECASE,
 )
 _RULE = re.compile(r"^\s{0,3}([-*_])(\s*\1){2,}\s*$")  # --- *** ___ : a scene break
+#: A scene break in plain text too: a line of one symbol, three times or more (* * *, ###, ~~~, • • •).
+_SCENE_LINE = re.compile(r"^\s*([*#~•·⁂])(\s*\1){2,}\s*$|^\s*⁂\s*$")
+#: Explicit pauses: [pause 2s], [pause 1.5 s], [pause 300ms]; at most MAX_PAUSE_MS each.
+_PAUSE_MARK = re.compile(r"\[\s*pause\s+(\d{1,3}(?:\.\d{1,3})?)\s*(ms|s)\s*\]", re.IGNORECASE)
+MAX_PAUSE_MS = 60_000
 _FENCE = re.compile(r"^\s{0,3}(```|~~~)")
 _LIST_ITEM = re.compile(r"^\s{0,3}(?:[-*+]|\d{1,3}[.)])\s+")
 
@@ -85,6 +96,8 @@ class Block:
     start: int
     end: int
     heading: bool
+    #: A scene break (no text): the segment before it ends with a scene pause.
+    scene: bool = False
 
 
 def _lines(text: str):
@@ -115,7 +128,11 @@ def _blocks(text: str, markdown: bool) -> list[Block]:
             continue
         if in_fence:
             continue
-        if not line.strip() or (markdown and _RULE.match(line)):
+        if _SCENE_LINE.match(line) or (markdown and _RULE.match(line)):
+            close()
+            blocks.append(Block(start, start, heading=False, scene=True))
+            continue
+        if not line.strip():
             close()
             continue
         heading = _heading_span(text, start, end, markdown)
@@ -379,54 +396,102 @@ def plan_text(text: str, *, markdown: bool = True, max_chars: int = 300) -> Plan
 
 def plan_blocks(text: str, blocks: list[Block], *, markdown: bool = False, max_chars: int = 300) -> Plan:
     """Segment ``text`` whose paragraphs and headings are known (a book's structure, jobs/books.py):
-    every heading block starts a chapter titled by it."""
+    every heading block starts a chapter titled by it, every scene block ends a scene."""
     if max_chars < 20:
         raise ValueError("max_chars must be at least 20")
     plan = Plan()
     paragraph = -1
     for block in blocks:
+        if block.scene:
+            _end_previous(plan, Pause.SCENE)
+            continue
+        parts = _split_at_pauses(text, block.start, block.end)
         if block.heading:
-            title = spoken(text[block.start : block.end], markdown)
+            title = spoken(" ".join(text[a:b] for a, b, _ in parts), markdown)
             if not title:
                 continue
             _end_previous(plan, Pause.CHAPTER)
             paragraph += 1
             plan.chapters.append(Chapter(len(plan.chapters), title, len(plan.segments)))
-            pieces = _split_long(text, block.start, block.end, max_chars)
+            pieces = [pair for a, b, ms in parts for pair in _with_last(_split_long(text, a, b, max_chars), ms)]
         else:
             pieces = [
-                p for s in _sentences(text, block.start, block.end) for p in _split_long(text, *s, max_chars)
+                pair
+                for a, b, ms in parts
+                for pair in _with_last(
+                    [q for s in _sentences(text, a, b) for q in _split_long(text, *s, max_chars)], ms
+                )
             ]
-            pieces = [p for p in pieces if spoken(text[p[0] : p[1]], markdown)]
-            if not pieces:
+            # nothing to say in a piece: its pause, if any, still follows what was said before
+            pieces = [(p if p is None or spoken(text[p[0] : p[1]], markdown) else None, ms) for p, ms in pieces]
+            pieces = [(p, ms) for p, ms in pieces if p is not None or ms]
+            if not any(p is not None for p, _ in pieces):
+                _add_pauses(plan, [ms for _, ms in pieces if ms])
                 continue
             if not plan.chapters:  # text before the first heading: an untitled opening chapter
                 plan.chapters.append(Chapter(0, "", 0))
             _end_previous(plan, Pause.PARAGRAPH)
             paragraph += 1
         chapter = len(plan.chapters) - 1
-        for start, end in pieces:
-            plan.segments.append(
-                Segment(
-                    index=len(plan.segments),
-                    text=spoken(text[start:end], markdown),
-                    start=start,
-                    end=end,
-                    chapter=chapter,
-                    paragraph=paragraph,
-                    heading=block.heading,
-                    pause_after=Pause.SENTENCE,
+        for span, ms in pieces:
+            if span is not None:
+                start, end = span
+                plan.segments.append(
+                    Segment(
+                        index=len(plan.segments),
+                        text=spoken(text[start:end], markdown),
+                        start=start,
+                        end=end,
+                        chapter=chapter,
+                        paragraph=paragraph,
+                        heading=block.heading,
+                        pause_after=Pause.SENTENCE,
+                    )
                 )
-            )
+            if ms:
+                _add_pauses(plan, [ms])
     _end_previous(plan, Pause.END, force=True)
     return plan
+
+
+def _split_at_pauses(text: str, start: int, end: int) -> list[tuple[int, int, int]]:
+    """The block's text between ``[pause ...]`` marks: (start, end, the pause after it in ms, or 0)."""
+    parts: list[tuple[int, int, int]] = []
+    pos = start
+    for mark in _PAUSE_MARK.finditer(text, start, end):
+        value, unit = float(mark.group(1)), mark.group(2).lower()
+        ms = round(value * (1000 if unit == "s" else 1))
+        if ms > MAX_PAUSE_MS:
+            raise InvalidRequest(
+                f"the pause {mark.group(0)!r} at character {mark.start():,} is longer than {MAX_PAUSE_MS // 1000} s"
+            )
+        parts.append((pos, mark.start(), ms))
+        pos = mark.end()
+    parts.append((pos, end, 0))
+    return parts
+
+
+def _with_last(spans: list[tuple[int, int]], ms: int) -> list[tuple[tuple[int, int] | None, int]]:
+    """Spans paired with the pause after each: ``ms`` after the last (a lone pause if no span)."""
+    if not spans:
+        return [(None, ms)] if ms else []
+    return [(span, 0) for span in spans[:-1]] + [(spans[-1], ms)]
+
+
+def _add_pauses(plan: Plan, pauses: list[int]) -> None:
+    """An explicit pause after the last segment so far (pauses in a row add up)."""
+    for ms in pauses:
+        if not plan.segments:
+            raise InvalidRequest("a [pause] comes before any text: a pause follows what is said")
+        last = plan.segments[-1]
+        plan.segments[-1] = Segment(**{**asdict(last), "pause_ms": max(last.pause_ms, 0) + ms})
 
 
 def _end_previous(plan: Plan, pause: Pause, force: bool = False) -> None:
     """Set the pause after the last segment so far (the stronger of what it has and ``pause``)."""
     if not plan.segments:
         return
-    order = [Pause.SENTENCE, Pause.PARAGRAPH, Pause.CHAPTER]
+    order = [Pause.SENTENCE, Pause.PARAGRAPH, Pause.SCENE, Pause.CHAPTER]
     last = plan.segments[-1]
     if force or last.pause_after in order and order.index(pause) > order.index(last.pause_after):
         new = pause

@@ -176,8 +176,8 @@ class Progress:
     def __init__(self, job: Job, plan: Plan, settings: Settings, model_rate: int) -> None:
         from tqdm import tqdm
 
-        pauses = Pauses(settings.sentence_pause_ms, settings.paragraph_pause_ms, settings.chapter_pause_ms)
-        self.pause_s = [pauses.samples(s.pause_after, model_rate) / model_rate for s in plan.segments]
+        pauses = Pauses.of(settings)
+        self.pause_s = [pauses.after(s, model_rate) / model_rate for s in plan.segments]
         self.audio_s = 0.0
         self.started = time.monotonic()
         self.bar = tqdm(total=job.segments_total, unit="seg", desc="narrating", dynamic_ncols=True)

@@ -285,3 +285,20 @@ def test_narrate_file_reads_an_epub_and_its_chapter_choice(tmp_path):
     (tmp_path / "locked.epub").write_bytes(_with(sample_book(2), add={"META-INF/rights.xml": b"<r/>"}))
     refused = narrate(tmp_path, "file", "locked.epub", "-o", "locked.m4b")
     assert refused.returncode == 2 and "DRM-protected" in refused.stderr and not (tmp_path / "locked.m4b").exists()
+
+
+def test_pause_markup_is_exact_silence_in_the_file(tmp_path):
+    """``[pause 2s]`` and a scene break through the whole embedded fleet: the FLAC has exactly that
+    much digital silence where the manifest says."""
+    require(unavailable_reason() is None, f"eSpeak NG: {unavailable_reason()}")
+    (tmp_path / "book.md").write_text("# One\n\nWait. [pause 2s] Now.\n\n***\n\nAfter the break.", encoding="utf-8")
+    result = narrate(tmp_path, "file", "book.md", "-o", "book.flac", "--manifest")
+    assert result.returncode == 0, result.stdout + result.stderr
+    audio, rate = sf.read(tmp_path / "book.flac", dtype="int16")
+    segs = json.loads((tmp_path / "book.json").read_text())["segments"]
+    assert [s["text"] for s in segs] == ["One", "Wait.", "Now.", "After the break."]
+    gaps = [segs[i + 1]["start_sample"] - segs[i]["start_sample"] - segs[i]["samples"] for i in range(3)]
+    assert gaps == [round(0.7 * rate), 2 * rate, 2 * rate]  # paragraph, the markup, the scene break (2 s)
+    for i in range(3):
+        end = segs[i]["start_sample"] + segs[i]["samples"]
+        assert not audio[end : segs[i + 1]["start_sample"]].any()

@@ -50,3 +50,28 @@ def test_resampling_keeps_the_duration(tmp_path):
     info = sf.info(out)
     assert info.samplerate == 16000
     assert abs(info.frames - at_24k * 2 / 3) <= 2 and info.frames == manifest.samples
+
+
+def test_explicit_pauses_and_scene_breaks_are_silences_of_exact_length(tmp_path):
+    """``[pause 2s]`` is exactly 2 s of digital silence after what precedes it (whatever the
+    structure would have put there), pauses in a row add up, a rule is a scene pause."""
+    text = "# One\n\nWait [pause 2s] for it.\n\n* * *\n\nAfter the break. [pause 250ms][pause 0.5s]\n\nEnd."
+    plan = plan_text(text)
+    assert [(s.text, s.pause_after, s.pause_ms) for s in plan.segments] == [
+        ("One", Pause.PARAGRAPH, -1),
+        ("Wait", Pause.SENTENCE, 2000),
+        ("for it.", Pause.SCENE, -1),
+        ("After the break.", Pause.PARAGRAPH, 750),
+        ("End.", Pause.END, -1),
+    ]
+    pauses = Pauses(300, 700, 1500, scene_ms=2500)
+    data = parts(plan)
+    out = tmp_path / "out.wav"
+    manifest = stitch(plan, data.__getitem__, out, fmt="wav", model_rate=24000, out_rate=24000, pauses=pauses)
+    audio, _ = sf.read(out, dtype="int16")
+    segs = manifest.segments
+    gaps = [segs[i + 1]["start_sample"] - (segs[i]["start_sample"] + segs[i]["samples"]) for i in range(4)]
+    assert gaps == [700 * 24, 2000 * 24, 2500 * 24, 750 * 24]
+    for i in range(4):  # digital silence, all of it
+        end = segs[i]["start_sample"] + segs[i]["samples"]
+        assert not audio[end : segs[i + 1]["start_sample"]].any()

@@ -137,3 +137,21 @@ def test_segmentation_is_linear_enough_for_a_book():
 def test_an_initialism_before_a_capital_stays_in_its_sentence():
     texts = [s.text for s in plan_text("The U.S. Navy sailed. The U.K. Parliament sat. See the E.U. Then go home.").segments]
     assert texts == ["The U.S. Navy sailed.", "The U.K. Parliament sat.", "See the E.U. Then go home."]
+
+
+def test_pause_markup_and_scene_breaks():
+    from jobs.errors import InvalidRequest
+
+    plan = plan_text("Hello there. [PAUSE 1.5 s] Go.\n\n~ ~ ~\n\nOn. [pause 300ms]", markdown=False)
+    assert [(s.text, s.pause_after.value, s.pause_ms) for s in plan.segments] == [
+        ("Hello there.", "sentence", 1500),
+        ("Go.", "scene", -1),  # a plain-text scene line too
+        ("On.", "end", 300),
+    ]
+    assert all("[" not in s.text for s in plan.segments)  # markup is never spoken
+    with pytest.raises(InvalidRequest, match="longer than 60 s"):
+        plan_text("Hi. [pause 61s]")
+    with pytest.raises(InvalidRequest, match="comes before any text"):
+        plan_text("[pause 1s] Hi.")
+    # not markup: left as text
+    assert [s.text for s in plan_text("See [pause] and [pause two s].").segments] == ["See [pause] and [pause two s]."]
