@@ -22,6 +22,7 @@ from api.state import AppState
 from fleet.redis import async_client, sync_client
 from fleet.settings import Settings
 from fleet.storage import storage_from_settings
+from jobs.lexicon import LexiconStore
 from jobs.quotas import RateQuotas
 from jobs.store import JobStore
 from jobs.tenants import TenantStore
@@ -43,7 +44,8 @@ def create_app(
         signer = LinkSigner(await link_secret(client, store.names, settings.link_secret), settings.link_ttl_s)
         tenants, quotas = TenantStore(client, store.names), RateQuotas(client, store.names)
         storage = storage_from_settings(settings)
-        app.state.fleet = AppState(settings, store, storage, rq, tenants, quotas, signer, EventHub(store))
+        lexicons = LexiconStore(client, store.names)
+        app.state.fleet = AppState(settings, store, storage, rq, tenants, quotas, signer, EventHub(store), lexicons)
         try:
             yield
         finally:

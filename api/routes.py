@@ -31,6 +31,8 @@ from api.schemas import (
     JobCreate,
     JobList,
     JobView,
+    LexiconBody,
+    LexiconView,
     Links,
     ModelView,
     Problem,
@@ -44,8 +46,11 @@ from jobs import captions, service
 from jobs.audio import chapter_file_name
 from jobs.books import Book
 from jobs.encoding import format_named
-from jobs.errors import InvalidRequest, JobNotFound, NotReady
+from jobs.errors import InvalidRequest, JobNotFound, LexiconNotFound, NotReady
 from jobs.idempotency import Idempotency
+from jobs.lexicon import NAME as LEXICON_NAME
+from jobs.lexicon import dumps as lexicon_dumps
+from jobs.lexicon import entries_from
 from jobs.model import Job, JobStatus
 from jobs.tenants import Principal
 from jobs.uploads import Upload, read_upload
@@ -99,12 +104,10 @@ def _parse_body(raw: bytes, model: type[BaseModel], fields: dict | None = None):
         raise RequestValidationError(exc.errors(include_url=False, include_input=False)) from None
 
 
-def _read_job(raw: bytes, form: FormBody | None, tenant: str, settings, max_text_chars: int):
-    """The body as a job and its plan: parsing (an uploaded book's too), validation and
-    segmentation, which for a whole book take long enough that they run in a thread, never on the
-    event loop."""
-    body = _parse_body(raw, JobCreate, form.fields if form else None)
-    request = body.to_request(tenant, settings, form.upload if form else None)
+def _read_job(body: JobCreate, form: FormBody | None, named, tenant: str, settings, max_text_chars: int):
+    """The body as a job and its plan: reading an uploaded book, validation and segmentation,
+    which for a whole book take long enough that they run in a thread, never on the event loop."""
+    request = body.to_request(tenant, settings, form.upload if form else None, named)
     job, plan = service.validate(request, settings, max_text_chars)
     return job, plan, request.cover, service.encode(job, plan)
 
@@ -118,7 +121,7 @@ class FormBody:
 
 
 #: Fields a form may repeat (or give comma-separated): they are lists.
-_LIST_FIELDS = frozenset({"chapters"})
+_LIST_FIELDS = frozenset({"chapters", "lexicons"})
 
 
 async def _read_form(request: Request, settings) -> FormBody:
@@ -131,6 +134,11 @@ async def _read_form(request: Request, settings) -> FormBody:
                 if key != "file":
                     raise InvalidRequest(f"the file part is named {key[:40]!r}; name it 'file'")
                 upload = Upload(await value.read(), value.filename or "", "", value.content_type or "")
+            elif key == "lexicon":  # a JSON list in a form field
+                try:
+                    fields[key] = json.loads(value)
+                except ValueError:
+                    raise InvalidRequest("lexicon: a JSON list of entries") from None
             elif key in _LIST_FIELDS:
                 items = [v.strip() for v in value.split(",") if v.strip()]
                 fields.setdefault(key, []).extend(int(v) if v.isdigit() else v for v in items)
@@ -178,8 +186,10 @@ async def create_job(
     limits = await st.limits(who.tenant)
     raw = await request.body()
     form = await _read_form(request, st.settings) if media_type(request) == "multipart/form-data" else None
+    body = await asyncio.to_thread(_parse_body, raw, JobCreate, form.fields if form else None)
+    named = await st.lexicons.resolve(who.tenant, body.lexicons) if body.lexicons else []
     job, plan, cover, encoded = await asyncio.to_thread(
-        _read_job, raw, form, who.tenant, st.settings, limits.max_text_chars
+        _read_job, body, form, named, who.tenant, st.settings, limits.max_text_chars
     )
     claim = None
     if idempotency_key is not None:
@@ -228,6 +238,46 @@ async def book_contents(request: Request, st: AppState = State, _: Principal = C
     raw = await request.body()
     form = await _read_form(request, st.settings) if media_type(request) == "multipart/form-data" else None
     return await asyncio.to_thread(_read_contents, raw, form, st.settings)
+
+
+def _lexicon_name(name: str) -> str:
+    if not LEXICON_NAME.match(name):
+        raise InvalidRequest(f"lexicon name {name[:70]!r}: 1-63 of a-z, 0-9, - and _, starting with a letter or digit")
+    return name
+
+
+@router.put(
+    "/v1/lexicons/{name}",
+    response_model=LexiconView,
+    responses={**AUTH, 201: {"model": LexiconView}, 422: {"model": Problem}},
+)
+async def put_lexicon(name: str, body: LexiconBody, st: AppState = State, who: Principal = Caller) -> JSONResponse:
+    """Create or replace one of the tenant's lexicons (201 when new)."""
+    entries = entries_from(body.entries, f"lexicon {_lexicon_name(name)!r}")
+    created = await st.lexicons.put(who.tenant, name, entries)
+    view = LexiconView(name=name, entries=json.loads(lexicon_dumps(entries)))
+    return JSONResponse(view.model_dump(), status_code=201 if created else 200)
+
+
+@router.get("/v1/lexicons/{name}", response_model=LexiconView, responses={**AUTH, 404: {"model": Problem}})
+async def get_lexicon(name: str, st: AppState = State, who: Principal = Caller) -> LexiconView:
+    entries = await st.lexicons.get(who.tenant, _lexicon_name(name))
+    if entries is None:
+        raise LexiconNotFound(f"no lexicon {name!r}")
+    return LexiconView(name=name, entries=json.loads(lexicon_dumps(entries)))
+
+
+@router.delete("/v1/lexicons/{name}", status_code=204, responses={**AUTH, 404: {"model": Problem}})
+async def delete_lexicon(name: str, st: AppState = State, who: Principal = Caller) -> Response:
+    if not await st.lexicons.delete(who.tenant, _lexicon_name(name)):
+        raise LexiconNotFound(f"no lexicon {name!r}")
+    return Response(status_code=204)
+
+
+@router.get("/v1/lexicons", responses=AUTH)
+async def list_lexicons(st: AppState = State, who: Principal = Caller) -> dict:
+    """The tenant's lexicons and their sizes."""
+    return {"lexicons": [{"name": n, "entries": c} for n, c in (await st.lexicons.names_and_sizes(who.tenant)).items()]}
 
 
 @router.api_route("/v1/jobs", methods=["GET", "HEAD"], response_model=JobList, responses=AUTH)

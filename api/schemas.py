@@ -14,6 +14,7 @@ from fleet.settings import Settings
 from jobs.books import Book
 from jobs.encoding import format_names
 from jobs.errors import InvalidRequest
+from jobs.lexicon import Entry, entries_from
 from jobs.model import Job, JobStatus
 from jobs.service import JobRequest, from_book
 from jobs.uploads import Upload, read_upload
@@ -66,6 +67,15 @@ class JobCreate(BaseModel):
         "or title; default: all but the front and back matter (cover, title page, copyright, contents, index).",
     )
     alt_text: bool = Field(default=False, description="EPUB: read images' alt text.")
+    lexicon: list[dict] | None = Field(
+        default=None,
+        description='Pronunciations for this job: [{"match": "Nguyen", "say": "Win"}, {"regex": "\\bSQL\\b", '
+        '"say": "sequel"}]; whole words, case-insensitive unless "case_sensitive": true; regex is RE2. '
+        "Applied before the tenant's named lexicons.",
+    )
+    lexicons: list[str] | None = Field(
+        default=None, max_length=20, description="Names of the tenant's lexicons (PUT /v1/lexicons/{name}) to apply, in order."
+    )
     title: str | None = Field(default=None, max_length=500)
     voice: str | None = Field(
         default=None,
@@ -128,10 +138,14 @@ class JobCreate(BaseModel):
             raise ValueError("send either text or a source (a file), not both or neither")
         return self
 
-    def to_request(self, tenant: str, settings: Settings, upload: Upload | None = None) -> JobRequest:
-        """The job request; ``upload``: a file sent beside the fields (multipart), else ``source``'s.
-        Reads the file (an EPUB's chapters, a text file's text): CPU work, run it in a thread."""
-        request = self._request(tenant, self.text or "")
+    def to_request(
+        self, tenant: str, settings: Settings, upload: Upload | None = None, named: list[Entry] | None = None
+    ) -> JobRequest:
+        """The job request; ``upload``: a file sent beside the fields (multipart), else ``source``'s;
+        ``named``: the entries of the named lexicons. Reads the file (an EPUB's chapters, a text
+        file's text): CPU work, run it in a thread."""
+        own = entries_from(self.lexicon) if self.lexicon is not None else []
+        request = replace(self._request(tenant, self.text or ""), lexicon=own + (named or []))
         upload = upload or (self.source.upload() if self.source is not None else None)
         if upload is None:
             if self.chapters is not None:
@@ -179,6 +193,20 @@ def job_form_schema() -> dict:
     properties["chapters"] = {"type": "string", "description": "Comma-separated numbers or titles (or repeat the field)."}
     file = {"type": "string", "format": "binary", "description": "An EPUB, .txt or .md file."}
     return {"type": "object", "required": ["file"], "properties": {"file": file, **properties}}
+
+
+class LexiconBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    entries: list[dict] = Field(
+        description='[{"match": "Nguyen", "say": "Win"}, {"regex": "\\bv(\\d+)\\b", "say": "version"}, ...]; '
+        "at most 1,000"
+    )
+
+
+class LexiconView(BaseModel):
+    name: str
+    entries: list[dict]
 
 
 class BookSource(BaseModel):

@@ -12,6 +12,7 @@ from api.links import LinkSigner
 from api.sse import EventHub
 from fleet.settings import Settings
 from fleet.storage import Storage
+from jobs.lexicon import LexiconStore
 from jobs.quotas import RateQuotas
 from jobs.store import JobStore
 from jobs.tenants import Limits, TenantStore
@@ -32,6 +33,8 @@ class AppState:
     signer: LinkSigner
     #: One event feed per followed job, for all of this process's SSE clients.
     hub: EventHub
+    #: The tenants' pronunciation lexicons.
+    lexicons: LexiconStore
     _limits: dict[str, tuple[float, Limits]] = field(default_factory=dict)
 
     async def limits(self, tenant: str) -> Limits:

@@ -67,6 +67,10 @@ class Names:
         """Hash: a tenant's limits (jobs.tenants.Limits fields; absent: the fleet's default), created_at."""
         return f"{self.prefix}:tenant:{{{tenant}}}"
 
+    def lexicons(self, tenant: str) -> str:
+        """Hash: a tenant's pronunciation lexicons, name -> JSON entries (jobs/lexicon.py)."""
+        return f"{self.tenant(tenant)}:lexicons"
+
     def tenant_jobs(self, tenant: str) -> str:
         """Sorted set: the tenant's job ids -> creation time (GET /v1/jobs)."""
         return f"{self.tenant(tenant)}:jobs"

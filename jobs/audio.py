@@ -63,6 +63,8 @@ class Manifest:
     segments: list[dict] = field(default_factory=list)
     #: Where the book was normalised: target, ceiling, what was measured, the gain applied.
     loudness: dict | None = None
+    #: The job's pronunciation entries and how often each was applied (jobs/lexicon.py).
+    lexicon: list[dict] = field(default_factory=list)
 
     @property
     def duration_s(self) -> float:
@@ -77,6 +79,7 @@ class Manifest:
             "chapters": self.chapters,
             "segments": self.segments,
             **({"loudness": self.loudness} if self.loudness is not None else {}),
+            **({"lexicon": self.lexicon} if self.lexicon else {}),
         }
 
 
@@ -139,7 +142,7 @@ def stitch(
         )
         limiter = PeakLimiter(model_rate, plan_gain.ceiling_dbtp)
     marks = chapter_marks(plan, samples, pauses, model_rate) if samples is not None and spec.chapters else []
-    manifest = Manifest(sample_rate=out_rate)
+    manifest = Manifest(sample_rate=out_rate, lexicon=plan.lexicon)
     chapter_starts = {c.first_segment: c for c in plan.chapters}
     resampler = None
     if out_rate != model_rate:
@@ -198,6 +201,7 @@ def stitch(
                     "end_s": position / model_rate,
                     "start_sample": round(start * ratio),
                     "samples": round(pcm.size * ratio),
+                    **({"said": segment.say} if segment.say else {}),
                 }
             )
             gap = pauses.after(segment, model_rate)

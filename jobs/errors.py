@@ -49,3 +49,7 @@ class QuotaExceeded(JobError):
 
 class UnsupportedFile(InvalidRequest):
     """An uploaded file of a kind this service does not read (an HTTP 415)."""
+
+
+class LexiconNotFound(JobNotFound):
+    """No lexicon of that name for this tenant (a 404)."""

@@ -44,6 +44,12 @@ class Segment:
     #: An explicit pause after it (``[pause 2s]`` markup), milliseconds, instead of ``pause_after``'s;
     #: -1: none.
     pause_ms: int = -1
+    #: What the voice says, where a lexicon changed ``text`` (jobs/lexicon.py); "": ``text``.
+    say: str = ""
+
+    @property
+    def spoken_text(self) -> str:
+        return self.say or self.text
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,10 +63,16 @@ class Chapter:
 class Plan:
     segments: list[Segment] = field(default_factory=list)
     chapters: list[Chapter] = field(default_factory=list)
+    #: The job's lexicon entries and how often each was applied (jobs/lexicon.py).
+    lexicon: list[dict] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(
-            {"segments": [asdict(s) for s in self.segments], "chapters": [asdict(c) for c in self.chapters]},
+            {
+                "segments": [asdict(s) for s in self.segments],
+                "chapters": [asdict(c) for c in self.chapters],
+                "lexicon": self.lexicon,
+            },
             ensure_ascii=False,
             separators=(",", ":"),
         )
@@ -69,7 +81,7 @@ class Plan:
     def from_json(cls, raw: str | bytes) -> Plan:
         data = json.loads(raw)
         segments = [Segment(**{**s, "pause_after": Pause(s["pause_after"])}) for s in data["segments"]]
-        return cls(segments=segments, chapters=[Chapter(**c) for c in data["chapters"]])
+        return cls(segments=segments, chapters=[Chapter(**c) for c in data["chapters"]], lexicon=data.get("lexicon", []))
 
 
 # --- blocks: paragraphs and headings ---------------------------------------------------------------

@@ -10,7 +10,7 @@ import asyncio
 import hashlib
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from fleet.messages import SegmentTask
 from fleet.settings import Settings
@@ -20,6 +20,7 @@ from jobs.books import Book, layout, select
 from jobs.encoding import CoverError, format_named, format_names, read_cover
 from jobs.errors import QUOTE_LIMIT, InvalidRequest, JobNotFound, QuotaExceeded, TooLarge, quoted
 from jobs.finalize import delete_outputs, forget_finalize
+from jobs.lexicon import Entry, Lexicon
 from jobs.model import Job, JobStatus
 from jobs.scheduler import BATCH, CLASSES, INTERACTIVE, shard_of
 from jobs.segmentation import Block, Plan, Segment, plan_blocks, plan_text
@@ -62,6 +63,8 @@ class JobRequest:
     chapter_files: bool = False
     #: The paragraphs and headings of ``text`` when they are known (a book's, ``from_book``).
     blocks: list[Block] | None = None
+    #: Pronunciations, applied to what is said (the job's own entries, then its named lexicons').
+    lexicon: list[Entry] = field(default_factory=list)
 
 
 def from_book(request: JobRequest, book: Book, chapters: list[int | str] | None = None) -> JobRequest:
@@ -169,6 +172,8 @@ def validate(request: JobRequest, settings: Settings, max_text_chars: int | None
         plan = plan_blocks(request.text, request.blocks, max_chars=settings.max_segment_chars)
     else:
         plan = plan_text(request.text, markdown=request.markdown, max_chars=settings.max_segment_chars)
+    if request.lexicon:
+        plan = _pronounce(plan, Lexicon(request.lexicon))
     if not plan.segments:
         raise InvalidRequest(
             "text has nothing to narrate: no letter or digit outside markup and code "
@@ -205,6 +210,20 @@ def validate(request: JobRequest, settings: Settings, max_text_chars: int | None
     return job, plan
 
 
+def _pronounce(plan: Plan, lexicon: Lexicon) -> Plan:
+    """The plan with the lexicon applied to what each segment says; a segment left with nothing to
+    say (every word replaced by "") is a 422."""
+    segments = []
+    for segment in plan.segments:
+        said = lexicon.apply(segment.text)
+        if said != segment.text:
+            if not said.strip():
+                raise InvalidRequest(f"the lexicon leaves segment {segment.index} ({segment.text[:60]!r}) with nothing to say")
+            segment = replace(segment, say=" ".join(said.split()))
+        segments.append(segment)
+    return Plan(segments=segments, chapters=plan.chapters, lexicon=lexicon.report())
+
+
 def _priority(request: JobRequest, segments: int, settings: Settings) -> str:
     if request.priority is None:
         return INTERACTIVE if segments <= settings.interactive_max_segments else BATCH
@@ -231,10 +250,10 @@ def segment_task(job: Job, segment: Segment, retry: int = 0) -> SegmentTask:
     return SegmentTask(
         job_id=job.id,
         segment=segment.index,
-        text=segment.text,
+        text=segment.spoken_text,
         model=job.model,
         voice=job.voice,
-        seed=segment_seed(job.seed, job.voice, segment.text),
+        seed=segment_seed(job.seed, job.voice, segment.spoken_text),
         rate=job.rate,
         pitch=job.pitch,
         retry=retry,

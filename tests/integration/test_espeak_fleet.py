@@ -358,3 +358,25 @@ def test_an_epub_uploaded_over_http_becomes_an_m4b_with_its_chapters(fleet, clie
     texts = [s["text"] for s in manifest(fleet, job_id)["segments"]]
     assert "The U.S. Navy sailed at dawn." in texts and "The note is not read." not in " ".join(texts)
     assert not any("Copyright" in t or "Navy, 3." in t for t in texts)  # skipped matter
+
+
+def test_a_lexicon_changes_a_words_audio(fleet, client):
+    """A tenant lexicon through the real API and speech workers: "Nguyen" said as "Win" gives the
+    audio of the text "Win" (eSpeak NG is deterministic), not that of "Nguyen"; the manifest quotes
+    the written text and says what was said and how often the entry applied."""
+    put = client.put("/v1/lexicons/people", json={"entries": [{"match": "Nguyen", "say": "Win"}]})
+    assert put.status_code in (200, 201), put.text
+    with_lexicon = submit(client, text="Hello Nguyen.", lexicons=["people"])
+    said_directly = submit(client, text="Hello Win.")
+    without = submit(client, text="Hello Nguyen.")
+    for job in (with_lexicon, said_directly, without):
+        assert wait_done(client, job["id"])["status"] == "done"
+    a, _ = download(client, with_lexicon["id"])
+    b, _ = download(client, said_directly["id"])
+    c, _ = download(client, without["id"])
+    np.testing.assert_array_equal(a, b)
+    assert a.size != c.size or not np.array_equal(a, c)
+    m = manifest(fleet, with_lexicon["id"])
+    assert (m["segments"][0]["text"], m["segments"][0]["said"]) == ("Hello Nguyen.", "Hello Win.")
+    assert m["lexicon"] == [{"say": "Win", "match": "Nguyen", "case_sensitive": False, "applied": 1}]
+    assert client.delete("/v1/lexicons/people").status_code == 204
