@@ -24,6 +24,7 @@ from fleet.settings import Settings
 from fleet.storage import storage_from_settings
 from jobs.lexicon import LexiconStore
 from jobs.quotas import RateQuotas
+from jobs.segcache import SegmentCache
 from jobs.store import JobStore
 from jobs.tenants import TenantStore
 
@@ -44,8 +45,10 @@ def create_app(
         signer = LinkSigner(await link_secret(client, store.names, settings.link_secret), settings.link_ttl_s)
         tenants, quotas = TenantStore(client, store.names), RateQuotas(client, store.names)
         storage = storage_from_settings(settings)
-        lexicons = LexiconStore(client, store.names)
-        app.state.fleet = AppState(settings, store, storage, rq, tenants, quotas, signer, EventHub(store), lexicons)
+        lexicons, cache = LexiconStore(client, store.names), SegmentCache(client, store.names, settings)
+        app.state.fleet = AppState(
+            settings, store, storage, rq, tenants, quotas, signer, EventHub(store), lexicons, cache
+        )
         try:
             yield
         finally:

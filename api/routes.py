@@ -47,6 +47,7 @@ from jobs.audio import chapter_file_name
 from jobs.books import Book
 from jobs.encoding import format_named
 from jobs.errors import InvalidRequest, JobNotFound, LexiconNotFound, NotReady
+from jobs.finalize import enqueue_finalize
 from jobs.idempotency import Idempotency
 from jobs.lexicon import NAME as LEXICON_NAME
 from jobs.lexicon import dumps as lexicon_dumps
@@ -200,7 +201,8 @@ async def create_job(
         await service.reserve_slot(st.store, job, limits.concurrent_jobs)
         await st.quotas.characters(who.tenant, limits.chars_per_day, job.text_chars)
         await service.store_cover(st.storage, job, cover)
-        await service.enqueue(st.store, job, plan, weight=limits.weight, encoded=encoded)
+        reuse = service.Reuse(st.cache, lambda job_id: asyncio.to_thread(enqueue_finalize, st.settings, job_id, st.rq))
+        await service.enqueue(st.store, job, plan, weight=limits.weight, encoded=encoded, reuse=reuse)
     except BaseException:
         await st.store.release_job_slot(job.tenant, job.id)
         if job.cover:

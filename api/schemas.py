@@ -291,6 +291,7 @@ class JobAccepted(BaseModel):
     id: str
     status: str
     segments_total: int
+    segments_reused: int = Field(default=0, description="Of those, already rendered by earlier jobs: not rendered again.")
     chapters: int
     links: Links
 
@@ -300,6 +301,7 @@ class JobAccepted(BaseModel):
             id=job.id,
             status=job.status.value,
             segments_total=job.segments_total,
+            segments_reused=job.segments_reused,
             chapters=job.chapters,
             links=links,
         )
@@ -332,6 +334,11 @@ class JobView(BaseModel):
     pitch: int | None = Field(default=None, description="Pitch (0-100), if the model has one.")
     segments_done: int
     segments_total: int
+    segments_reused: int = Field(
+        default=0,
+        description="Of segments_total, those taken from earlier jobs' rendered segments (same text, voice, "
+        "model, seed and settings) instead of rendered again.",
+    )
     segments_flagged: int = Field(
         description="Segments that ran away (never stopped, looped, near-silent) on every try: kept, "
         "listed in the manifest's flagged_segments, each announced by a 'warning' event."
@@ -368,6 +375,7 @@ class JobView(BaseModel):
             pitch=job.pitch if job.rate else None,
             segments_done=job.segments_done,
             segments_total=job.segments_total,
+            segments_reused=job.segments_reused,
             segments_flagged=job.segments_flagged,
             chapters=job.chapters,
             audio_seconds=round(job.audio_seconds, 3),

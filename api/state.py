@@ -14,6 +14,7 @@ from fleet.settings import Settings
 from fleet.storage import Storage
 from jobs.lexicon import LexiconStore
 from jobs.quotas import RateQuotas
+from jobs.segcache import SegmentCache
 from jobs.store import JobStore
 from jobs.tenants import Limits, TenantStore
 
@@ -35,6 +36,8 @@ class AppState:
     hub: EventHub
     #: The tenants' pronunciation lexicons.
     lexicons: LexiconStore
+    #: Rendered segments kept for reuse.
+    cache: SegmentCache
     _limits: dict[str, tuple[float, Limits]] = field(default_factory=dict)
 
     async def limits(self, tenant: str) -> Limits:

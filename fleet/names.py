@@ -67,6 +67,14 @@ class Names:
         """Hash: a tenant's limits (jobs.tenants.Limits fields; absent: the fleet's default), created_at."""
         return f"{self.prefix}:tenant:{{{tenant}}}"
 
+    def segment_cache(self, scope: str) -> str:
+        """Hash: a segment cache's keys -> samples (jobs/segcache.py); scope: "t-<tenant>" or "shared"."""
+        return f"{self.prefix}:segcache:{{{scope}}}"
+
+    def segment_cache_used(self, scope: str) -> str:
+        """Sorted set: a segment cache's keys -> last use (its retention)."""
+        return f"{self.segment_cache(scope)}:used"
+
     def lexicons(self, tenant: str) -> str:
         """Hash: a tenant's pronunciation lexicons, name -> JSON entries (jobs/lexicon.py)."""
         return f"{self.tenant(tenant)}:lexicons"

@@ -172,6 +172,10 @@ class Settings(BaseSettings):
     chapter_pause_ms: int = 1500
     #: After a scene break (a rule: ***, * * *, ---; an EPUB's <hr>).
     scene_pause_ms: int = 2000
+    #: Rendered segments kept for reuse (jobs/segcache.py): per tenant, shared by all, or off.
+    segment_cache: Literal["tenant", "shared", "off"] = "tenant"
+    #: A kept segment is released this long after its last use, seconds (default 7 days).
+    segment_cache_retention_s: int = Field(default=7 * 24 * 3600, gt=0)
     #: Job keys live this long after the job ends, seconds.
     result_ttl_s: int = 7 * 24 * 3600
     #: Progress events kept per job (capped stream).

@@ -24,6 +24,7 @@ class Storage(Protocol):
     def put_bytes(self, key: str, data: bytes) -> None: ...
     def put_file(self, key: str, path: Path, content_type: str | None = None) -> None: ...
     def get_bytes(self, key: str) -> bytes: ...
+    def copy(self, src: str, dst: str) -> None: ...
     def download(self, key: str, path: Path) -> None: ...
     def exists(self, key: str) -> bool: ...
     def delete_prefix(self, prefix: str) -> int: ...
@@ -66,6 +67,13 @@ class LocalStorage:
             return self._path(key).read_bytes()
         except FileNotFoundError as exc:
             raise StorageError(f"no object {key!r}") from exc
+
+    def copy(self, src: str, dst: str) -> None:
+        try:
+            with open(self._path(src), "rb") as f:
+                self._atomic_write(dst, lambda out: shutil.copyfileobj(f, out, 1 << 20))
+        except FileNotFoundError as exc:
+            raise StorageError(f"no object {src!r}") from exc
 
     def download(self, key: str, path: Path) -> None:
         src = self._path(key)
@@ -136,6 +144,11 @@ class S3Storage:
             return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
         except ClientError as exc:
             raise StorageError(f"no object {key!r}: {exc}") from exc
+
+    def copy(self, src: str, dst: str) -> None:
+        """Server-side (no bytes through this process; managed: multipart above 5 GB)."""
+        source = {"Bucket": self.bucket, "Key": self._key(src)}
+        self.client.copy(source, self.bucket, self._key(dst), Config=self.transfer)
 
     def download(self, key: str, path: Path) -> None:
         self.client.download_file(self.bucket, self._key(key), str(path), Config=self.transfer)

@@ -21,6 +21,7 @@ from fleet.storage import Storage, storage_from_settings
 from jobs.audio import Pauses, format_named, stitch
 from jobs.encoding import Cover, read_cover
 from jobs.model import JobStatus
+from jobs.segcache import SegmentCache
 from jobs.store import JobStore
 from models.registry import MODELS
 
@@ -85,7 +86,8 @@ class Finalizer:
 
         def read_segment(index: int) -> bytes:
             attempt, samples = winners[index]
-            pcm = self.storage.get_bytes(job.objects.part(index, attempt))
+            reused = plan.reused.get(index)  # from the segment cache (jobs/segcache.py)
+            pcm = self.storage.get_bytes(reused[0] if reused else job.objects.part(index, attempt))
             if len(pcm) != 2 * samples:
                 raise RuntimeError(
                     f"segment {index}: stored part has {len(pcm) // 2} samples, expected {samples}"
@@ -124,6 +126,7 @@ class Finalizer:
             if chapter_dir is not None:
                 await asyncio.to_thread(self._put_chapters, job, chapter_dir, Path(tmp) / "chapters.zip")
             await asyncio.to_thread(self.storage.put_file, key, out, format_named(job.format).content_type)
+        await self._keep_segments(job, plan, winners, flags)  # before done: a revision sent at once finds them
         if not await self.store.finish(job_id, key, manifest.duration_s, audio_url(job_id)):
             # cancelled or deleted while we stitched: what we wrote is garbage, unless another run of
             # this job finished it first (then the file is the job's: same content, same keys)
@@ -134,6 +137,26 @@ class Finalizer:
         await self.store.unmark_finalizing(job_id)
         log.info("finalized %s: %.1f s of audio in %s", job_id, manifest.duration_s, key)
         return "done"
+
+
+    async def _keep_segments(self, job, plan, winners, flags) -> None:
+        """The job's rendered segments into the segment cache (not those flagged as runaways, which
+        a later job should render afresh); the reused ones' last use is now. A cache that cannot be
+        written costs later jobs time, never this one its audio: it is logged, not raised."""
+        if not plan.cache_scope or len(plan.cache_keys) != len(plan.segments):
+            return
+        cache = SegmentCache(self.store.redis, self.store.names, self.settings)
+        fresh = [
+            (job.objects.part(i, winners[i][0]), plan.cache_keys[i], winners[i][1])
+            for i in range(len(plan.segments))
+            if i not in plan.reused and i not in flags
+        ]
+        try:
+            kept = await cache.promote(self.storage, plan.cache_scope, fresh)
+            await cache.touch(plan.cache_scope, [plan.cache_keys[i] for i in plan.reused])
+            log.info("finalize %s: %d segment(s) kept for reuse, %d reused", job.id, kept, len(plan.reused))
+        except Exception:  # noqa: BLE001
+            log.warning("finalize %s: could not keep its segments for reuse", job.id, exc_info=True)
 
 
 def _read_cover(storage: Storage, key: str, max_bytes: int) -> Cover:

@@ -61,6 +61,8 @@ class Job:
     text_chars: int = 0
     segments_total: int = 0
     segments_done: int = 0
+    #: Of those, taken from the segment cache instead of rendered (jobs/segcache.py).
+    segments_reused: int = 0
     #: Segments kept after running away on every try (see models/runaway.py).
     segments_flagged: int = 0
     chapters: int = 0

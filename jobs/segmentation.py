@@ -65,6 +65,11 @@ class Plan:
     chapters: list[Chapter] = field(default_factory=list)
     #: The job's lexicon entries and how often each was applied (jobs/lexicon.py).
     lexicon: list[dict] = field(default_factory=list)
+    #: Segments taken from the segment cache, not rendered: index -> [object key, samples].
+    reused: dict[int, list] = field(default_factory=dict)
+    #: Each segment's segment-cache key and the cache's scope (jobs/segcache.py); empty: no cache.
+    cache_keys: list[str] = field(default_factory=list)
+    cache_scope: str = ""
 
     def to_json(self) -> str:
         return json.dumps(
@@ -72,6 +77,9 @@ class Plan:
                 "segments": [asdict(s) for s in self.segments],
                 "chapters": [asdict(c) for c in self.chapters],
                 "lexicon": self.lexicon,
+                "reused": {str(i): v for i, v in self.reused.items()},
+                "cache_keys": self.cache_keys,
+                "cache_scope": self.cache_scope,
             },
             ensure_ascii=False,
             separators=(",", ":"),
@@ -81,7 +89,14 @@ class Plan:
     def from_json(cls, raw: str | bytes) -> Plan:
         data = json.loads(raw)
         segments = [Segment(**{**s, "pause_after": Pause(s["pause_after"])}) for s in data["segments"]]
-        return cls(segments=segments, chapters=[Chapter(**c) for c in data["chapters"]], lexicon=data.get("lexicon", []))
+        return cls(
+            segments=segments,
+            chapters=[Chapter(**c) for c in data["chapters"]],
+            lexicon=data.get("lexicon", []),
+            reused={int(i): v for i, v in data.get("reused", {}).items()},
+            cache_keys=data.get("cache_keys", []),
+            cache_scope=data.get("cache_scope", ""),
+        )
 
 
 # --- blocks: paragraphs and headings ---------------------------------------------------------------

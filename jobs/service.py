@@ -10,6 +10,7 @@ import asyncio
 import hashlib
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 from fleet.messages import SegmentTask
@@ -23,10 +24,11 @@ from jobs.finalize import delete_outputs, forget_finalize
 from jobs.lexicon import Entry, Lexicon
 from jobs.model import Job, JobStatus
 from jobs.scheduler import BATCH, CLASSES, INTERACTIVE, shard_of
+from jobs.segcache import SegmentCache, keys_of, scope_of
 from jobs.segmentation import Block, Plan, Segment, plan_blocks, plan_text
 from jobs.store import JobStore
 from jobs.tenants import DEFAULT_TENANT, Principal
-from models.registry import UnknownModelError, get_model
+from models.registry import MODELS, UnknownModelError, get_model
 
 
 @dataclass(frozen=True)
@@ -207,6 +209,8 @@ def validate(request: JobRequest, settings: Settings, max_text_chars: int | None
     )
     job.priority = _priority(request, len(plan.segments), settings)
     job.shard = shard_of(job.id, settings.task_shards)
+    if scope := scope_of(settings, job.tenant):  # the segment cache's keys: what would reuse them
+        plan.cache_keys, plan.cache_scope = keys_of(job, plan, settings), scope
     return job, plan
 
 
@@ -262,7 +266,8 @@ def segment_task(job: Job, segment: Segment, retry: int = 0) -> SegmentTask:
 
 
 def tasks_for(job: Job, plan: Plan) -> list[SegmentTask]:
-    return [segment_task(job, s) for s in plan.segments]
+    """The tasks of the segments to render (not those taken from the segment cache)."""
+    return [segment_task(job, s) for s in plan.segments if s.index not in plan.reused]
 
 
 @dataclass(frozen=True)
@@ -312,13 +317,19 @@ async def enqueue(
     concurrent_jobs: int | None = None,
     weight: int = 1,
     encoded: Encoded | None = None,
+    reuse: Reuse | None = None,
 ) -> None:
     """Store a validated job and queue its segments (all or nothing); it is created now. ``weight``:
-    its tenant's share of the engines (jobs/scheduler.py)."""
+    its tenant's share of the engines (jobs/scheduler.py). ``reuse``: the segment cache to take
+    already rendered segments from (they are recorded done at once, never queued)."""
     if concurrent_jobs is not None:
         await reserve_slot(store, job, concurrent_jobs)
     job.created_at = time.time()
     try:
+        if reuse is not None and plan.cache_scope and (hits := await reuse.cache.lookup(plan.cache_scope, plan.cache_keys)):
+            plan.reused = {i: [key, samples] for i, (key, samples) in hits.items()}
+            job.segments_reused = len(hits)
+            encoded = await asyncio.to_thread(encode, job, plan)
         if encoded is None:
             await store.create(job, plan, tasks_for(job, plan), weight)
         else:
@@ -326,6 +337,27 @@ async def enqueue(
     except BaseException:
         await store.release_job_slot(job.tenant, job.id)
         raise
+    if plan.reused:
+        await _record_reused(store, job, plan, reuse.finalize)
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """Where a job's already rendered segments may come from (jobs/segcache.py)."""
+
+    cache: SegmentCache
+    #: Queues the finalize when every segment was already rendered.
+    finalize: Callable[[str], Awaitable[None]]
+
+
+async def _record_reused(store: JobStore, job: Job, plan: Plan, finalize) -> None:
+    """The reused segments are done now: their 'segment' events go out like rendered ones'."""
+    rate = MODELS[job.model].family.sample_rate
+    for index, (_, samples) in sorted(plan.reused.items()):
+        result = await store.segment_done(job.id, index, 0, samples, samples / rate)
+        if result.job_complete:
+            await store.mark_finalizing(job.id)
+            await finalize(job.id)
 
 
 async def get(store: JobStore, job_id: str, principal: Principal | None = None) -> Job:

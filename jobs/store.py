@@ -89,6 +89,8 @@ class JobStore:
         ``plan`` and ``tasks`` may come encoded (its JSON, their headers: ``service.encode``), as the
         API does in a thread: a whole book's take long enough to stall the event loop."""
         await self._create(job, plan)
+        if not tasks:
+            return  # every segment is already rendered (jobs/segcache.py): nothing to queue
         try:
             await self.scheduler.enqueue(job.model, job.shard, job.id, job.tenant, job.priority, weight, tasks)
         except BaseException:
@@ -105,7 +107,10 @@ class JobStore:
         pipe.sadd(n.tenant_active(job.tenant), job.id)
         pipe.sadd(n.tenants(), job.tenant)
         self._event(
-            pipe, job.id, EventType.QUEUED, {"segments": job.segments_total, "chapters": job.chapters}
+            pipe,
+            job.id,
+            EventType.QUEUED,
+            {"segments": job.segments_total, "chapters": job.chapters, "reused": job.segments_reused},
         )
         await pipe.execute()
 

@@ -33,6 +33,7 @@ from fleet.settings import Settings
 from fleet.storage import Storage
 from jobs.finalize import enqueue_finalize, finalize_problem
 from jobs.model import JobStatus
+from jobs.segcache import SegmentCache
 from jobs.store import JobStore
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ class SweepReport:
     failed: list[str] = field(default_factory=list)
     expired: int = 0
     consumers_forgotten: int = 0
+    segments_released: int = 0
 
 
 class Sweeper:
@@ -83,6 +85,7 @@ class Sweeper:
         report.expired = len(expired)
         await self.store.forget_ended_active()
         report.consumers_forgotten = await self._forget_dead_consumers()
+        report.segments_released = await self._release_cached_segments()
         if report.requeued or report.failed or report.expired or report.consumers_forgotten:
             log.info(
                 "sweep: %d finalize(s) queued again, %d job(s) failed, %d expired index entr(ies) and "
@@ -90,6 +93,16 @@ class Sweeper:
                 len(report.requeued), len(report.failed), report.expired, report.consumers_forgotten,
             )  # fmt: skip
         return report
+
+    async def _release_cached_segments(self) -> int:
+        """Kept segments unused for the retention (jobs/segcache.py), every scope."""
+        cache = SegmentCache(self.store.redis, self.store.names, self.settings)
+        released = 0
+        for scope in await cache.scopes():
+            released += await cache.release_old(self.storage, scope, self.settings.segment_cache_retention_s)
+        if released:
+            log.info("sweep: %d kept segment(s) released (unused for %d s)", released, self.settings.segment_cache_retention_s)
+        return released
 
     def stage_streams(self) -> list[str]:
         names = self.store.names

@@ -8,6 +8,8 @@ of an Orpheus checkpoint (NARRATE_ORPHEUS_DIR: the LM + tokenizer, the SNAC code
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +39,10 @@ class ModelSpec:
     locate: Callable[[Settings], Path | None]
     #: Why the model cannot be served with these settings (None: it can). Cheap: never builds.
     problem: Callable[[Settings], str | None] = lambda _settings: None
+    #: What its audio depends on besides the request (checkpoint files, engine version), for the
+    #: segment cache (jobs/segcache.py): another checkpoint in the same place is another identity.
+    #: Cheap: never builds. Default: the name alone (models whose weights come from a fixed seed).
+    identity: Callable[[Settings], str] = lambda _settings: ""
 
     def checkpoint(self, settings: Settings) -> Path:
         path = self.locate(settings)
@@ -82,6 +88,30 @@ def _local_checkpoint_problem(setting: str, value: Path | None) -> str | None:
     if missing:
         return f"{setting}={value} lacks {', '.join(missing)} (see docs/models.md)"
     return None
+
+
+def _directory_identity(path: Path | None) -> str:
+    """A checkpoint directory's files: names, sizes, modification times (hashed): cheap, and any
+    new or rewritten file changes it."""
+    if path is None or not Path(path).is_dir():
+        return ""
+    digest = hashlib.blake2b(digest_size=16)
+    for file in sorted(Path(path).rglob("*")):
+        if file.is_file():
+            st = file.stat()
+            digest.update(f"{file.relative_to(path)}\x1f{st.st_size}\x1f{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+def _package_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def model_identity(spec: ModelSpec, settings: Settings) -> str:
+    return f"{spec.name}|{spec.identity(settings)}"
 
 
 def _tiny_dir(settings: Settings) -> Path:
@@ -140,6 +170,7 @@ MODELS: dict[str, ModelSpec] = {
             description="Orpheus 3B (Llama-3.2-3B + SNAC 24 kHz) from NARRATE_ORPHEUS_DIR",
             locate=lambda s: s.orpheus_dir,
             problem=lambda s: _local_checkpoint_problem("NARRATE_ORPHEUS_DIR", s.orpheus_dir),
+            identity=lambda s: _directory_identity(s.orpheus_dir),
         ),
         ModelSpec(
             name="espeak",
@@ -148,6 +179,7 @@ MODELS: dict[str, ModelSpec] = {
             "(optional extra 'espeak', GPL-3.0-or-later)",
             locate=lambda _settings: None,
             problem=lambda _settings: espeak_unavailable(),
+            identity=lambda _settings: _package_version("espeakng-loader"),
         ),
     )
 }

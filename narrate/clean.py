@@ -50,6 +50,10 @@ async def delete_every_job(settings: Settings) -> int:
             if (job := await store.get(raw.decode())) is not None:
                 await service.delete(store, storage, settings, job)
                 deleted += 1
+        # the kept sentences (jobs/segcache.py): their index here, their objects below
+        cache = [k async for k in redis.scan_iter(match=f"{Names(settings.key_prefix).segment_cache('*')}*")]
+        if cache:
+            await redis.delete(*cache)
         await compact(redis)
         return deleted
     finally:
@@ -83,10 +87,10 @@ def run(settings: Settings, everything: bool) -> int:
             print(f"narrate: {exc}", file=sys.stderr)
             return 2
         jobs = asyncio.run(delete_every_job(settings))
-    removed = ["logs", "storage/parts"] + (["valkey", "models"] if everything else [])
+    removed = ["logs", "storage/parts", "storage/segments"] + (["valkey", "models"] if everything else [])
     for name in removed:
         shutil.rmtree(data / name, ignore_errors=True)
-    what = f"{jobs} job(s) and their files, the logs" + (
+    what = f"{jobs} job(s) and their files, the kept sentences, the logs" + (
         ", the Valkey data and the built models" if everything else ""
     )
     print(f"freed {human(max(before - size_of(data), 0))} in {data}: {what}")

@@ -269,7 +269,9 @@ def cmd_file(args: argparse.Namespace, settings: Settings) -> int:
         model, warning = file_model(args.model, settings)
         check_model(model, settings)
         models = settings.models if "models" in settings.model_fields_set else model
-        settings = settings.model_copy(update={"default_model": model, "models": models})
+        # the data directory keeps no copy of the book's audio unless --keep: then the segment cache too
+        cache = settings.segment_cache if args.keep else "off"
+        settings = settings.model_copy(update={"default_model": model, "models": models, "segment_cache": cache})
         request = JobRequest(
             text=text,
             title=args.title or source.stem,
@@ -370,7 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--keep",
         action="store_true",
-        help="keep the job and its files in the data directory (`narrate clean` frees them)",
+        help="keep the job, its files and its rendered sentences in the data directory (a rerun of an "
+        "edited book renders only what changed; `narrate clean` frees them)",
     )
     p.set_defaults(func=cmd_file)
 

@@ -273,6 +273,8 @@ async def _narrate(file_job: FileJob, settings: Settings, supervisor, signals: S
     from fleet.redis import async_client
     from fleet.storage import storage_from_settings
     from jobs import service
+    from jobs.finalize import enqueue_finalize
+    from jobs.segcache import SegmentCache
     from jobs.store import JobStore
     from models.registry import MODELS
 
@@ -283,7 +285,9 @@ async def _narrate(file_job: FileJob, settings: Settings, supervisor, signals: S
     progress = None
     try:
         await service.store_cover(storage, job, file_job.cover)
-        await service.enqueue(store, job, plan)
+        cache = SegmentCache(redis, store.names, settings)
+        reuse = service.Reuse(cache, lambda job_id: asyncio.to_thread(enqueue_finalize, settings, job_id))
+        await service.enqueue(store, job, plan, reuse=reuse)
         progress = Progress(job, plan, settings, MODELS[job.model].family.sample_rate)
         after = "0-0"
         while True:
@@ -328,6 +332,7 @@ async def _deliver(file_job: FileJob, settings: Settings, store, storage, job_id
         f"{output}: {_duration(done.duration_s)} of audio ({done.duration_s:.1f} s), "
         f"{done.segments_total} segment{'s' * (done.segments_total != 1)}, "
         f"{done.chapters} chapter{'s' * (done.chapters != 1)}"
+        + (f", {done.segments_reused} reused from earlier runs" if done.segments_reused else "")
     ]
     if file_job.manifest:
         path = output.with_suffix(".json")

@@ -191,7 +191,8 @@ def test_keep_then_clean_frees_the_data_directory(tmp_path):
     kept = narrate(tmp_path, "file", "book.md", "--keep")
     assert kept.returncode == 0, kept.stderr
     stored = [p for p in (tmp_path / "data" / "storage").rglob("*") if p.is_file()]
-    assert sorted(p.suffix for p in stored) == [".json", ".wav"]
+    assert sorted({p.suffix for p in stored}) == [".json", ".pcm", ".wav"]  # the file, its manifest, its sentences
+    assert len([p for p in stored if p.suffix == ".pcm"]) == 6 and all("segments" in p.parts for p in stored if p.suffix == ".pcm")
     assert "kept in the data directory as job" in kept.stdout and "narrate clean" in kept.stdout
     cleaned = narrate(tmp_path, "clean")
     assert cleaned.returncode == 0, cleaned.stderr
@@ -302,3 +303,16 @@ def test_pause_markup_is_exact_silence_in_the_file(tmp_path):
     for i in range(3):
         end = segs[i]["start_sample"] + segs[i]["samples"]
         assert not audio[end : segs[i + 1]["start_sample"]].any()
+
+
+def test_a_kept_run_of_an_edited_book_renders_only_what_changed(tmp_path):
+    """``narrate file --keep`` twice on one data directory, the book edited in between: the second
+    run takes the unchanged sentences from the first's and says how many."""
+    require(unavailable_reason() is None, f"eSpeak NG: {unavailable_reason()}")
+    (tmp_path / "book.md").write_text(BOOK_MD, encoding="utf-8")
+    first = narrate(tmp_path, "file", "book.md", "-o", "one.wav", "--keep")
+    assert first.returncode == 0 and "reused" not in first.stdout, first.stdout + first.stderr
+    (tmp_path / "book.md").write_text(BOOK_MD.replace("The end.", "The very end."), encoding="utf-8")
+    second = narrate(tmp_path, "file", "book.md", "-o", "two.wav", "--keep")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "6 segments, 2 chapters, 5 reused from earlier runs" in second.stdout

@@ -380,3 +380,50 @@ def test_a_lexicon_changes_a_words_audio(fleet, client):
     assert (m["segments"][0]["text"], m["segments"][0]["said"]) == ("Hello Nguyen.", "Hello Win.")
     assert m["lexicon"] == [{"say": "Win", "match": "Nguyen", "case_sensitive": False, "applied": 1}]
     assert client.delete("/v1/lexicons/people").status_code == 204
+
+
+def _book(edits: dict[int, str] | None = None) -> str:
+    words = ["amber", "birch", "cedar", "delta", "ember", "fjord", "grove", "heron", "inlet", "juniper"]
+    sentences = [f"The {words[i % 10]} path turns {words[i // 10 % 10]} at mark {i}." for i in range(500)]
+    for i, text in (edits or {}).items():
+        sentences[i] = text
+    paragraphs = [" ".join(sentences[p * 50 : (p + 1) * 50]) for p in range(10)]
+    return "# The Long Walk\n\n" + "\n\n".join(paragraphs)
+
+
+def test_a_revised_book_renders_only_its_changed_sentences(fleet, client):
+    """A 500-sentence book, then the same book with 3 sentences edited: the second job renders
+    exactly those 3 segments (counted in the speech workers' logs), says so in its status and its
+    queued event, and its audio equals the first's everywhere outside them, sample for sample."""
+    first = submit(client, text=_book(), title="Walk")
+    assert wait_done(client, first["id"], timeout=240)["status"] == "done"
+    edits = {7: "The amber path now bends left at mark seven.", 250: "A new line.", 499: "The end, at last."}
+    second = submit(client, text=_book(edits), title="Walk")
+    assert second["segments_total"] == 501 and second["segments_reused"] == 498  # the heading is a segment
+    view = wait_done(client, second["id"], timeout=240)
+    assert view["status"] == "done" and view["segments_reused"] == 498
+    queued = next(read_sse(client, second["links"]["events"], timeout=60))
+    assert queued.event == "queued" and json.loads(queued.data)["reused"] == 498
+    rendered = sorted(
+        int(i)
+        for name in ("speech-0", "speech-1")
+        for i in re.findall(rf"segment {second['id']}:(\d+) \(attempt", (fleet.log_dir / f"{name}.log").read_text())
+    )
+    assert rendered == [8, 251, 500]  # segment = sentence + 1 (the heading is segment 0)
+    a, _ = download(client, first["id"])
+    b, _ = download(client, second["id"])
+    ma, mb = manifest(fleet, first["id"]), manifest(fleet, second["id"])
+    for sa, sb in zip(ma["segments"], mb["segments"], strict=True):
+        if sb["index"] in rendered:
+            continue
+        assert sa["text"] == sb["text"]
+        np.testing.assert_array_equal(
+            a[sa["start_sample"] : sa["start_sample"] + sa["samples"]],
+            b[sb["start_sample"] : sb["start_sample"] + sb["samples"]],
+        )
+    # the same book once more: nothing to render, done from the cache alone
+    third = submit(client, text=_book(edits), title="Walk")
+    assert third["segments_reused"] == 501
+    assert wait_done(client, third["id"], timeout=120)["status"] == "done"
+    c, _ = download(client, third["id"])
+    np.testing.assert_array_equal(b, c)

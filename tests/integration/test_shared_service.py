@@ -355,3 +355,20 @@ def test_the_event_loop_keeps_answering_while_a_maximum_size_text_is_segmented(s
         f"submit {took * 1000:.0f} ms; /health: {len(latencies)} probes, max {max(latencies) * 1000:.0f} ms"
     )
     assert len(latencies) >= 3 and max(latencies) < took / 2
+
+
+def test_rendered_segments_are_reused_within_a_tenant_never_across(service):
+    """The same book again: alice's second job takes every segment from her cache; bob's identical
+    job renders its own (tenants never share audio unless the fleet is configured to)."""
+    fleet, keys = service
+    text = "# Kept\n\nOnly alice hears this twice. Nobody else does."
+    with client(fleet, keys["alice"]) as alice, client(fleet, keys["bob"]) as bob:
+        first = post(alice, text=text).json()
+        assert first["segments_reused"] == 0
+        assert wait_done(alice, first["id"])["status"] == "done"
+        again = post(alice, text=text).json()
+        other = post(bob, text=text).json()
+        assert (again["segments_reused"], again["segments_total"]) == (3, 3)
+        assert other["segments_reused"] == 0
+        assert wait_done(alice, again["id"])["status"] == "done" and wait_done(bob, other["id"])["status"] == "done"
+        assert alice.get(f"/v1/jobs/{again['id']}/audio").content == alice.get(f"/v1/jobs/{first['id']}/audio").content
