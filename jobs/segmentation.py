@@ -7,8 +7,17 @@ and are spoken as segments of their own. Pauses follow the structure: sentence <
 
 The sentence splitter is rule-based and linear in the text's length: a boundary is a run of
 terminators (. ! ? … and CJK 。！？), optional closing quotes/brackets, whitespace, then something that
-can start a sentence (an upper-case letter, a digit, an opening quote). Titles such as "Dr." and
-initials such as "J. R. R." never end a sentence; decimals and "e.g. so" never reach the check.
+can start a sentence (an upper-case letter, a digit, an opening quote). Titles such as "Dr.",
+initials such as "J. R. R." and initialisms such as "U.S." never end a sentence (so "...in the U.S.
+Then" stays one: a merge nobody hears, where a break inside "U.S. Navy" they would); decimals and
+"e.g. so" never reach the check. testing/segmentation_corpus.py holds the hard cases it is held to.
+
+Sentences over ``max_chars`` are cut by bisection at the strongest clause break (; : then dashes,
+commas, a space before "and"/"but", other commas, spaces) that keeps the pieces balanced, outside
+brackets and quotes where possible, never leaving a tiny tail, and not after a subject whose comma
+opens a relative clause ("The committee, which...") where another break exists.
+
+Markup: ``[pause 2s]`` is an exact silence there (``Segment.pause_ms``); a rule line is a scene break.
 """
 
 from __future__ import annotations
@@ -292,8 +301,8 @@ def _is_boundary(text: str, term: re.Match[str], para_end: int) -> tuple[bool, i
         return False, nxt
     if term.group() == "." and _word_before(text, term.start()) in _NON_FINAL_ABBREVIATIONS:
         return False, nxt
-    if term.group() == "." and len(_word_before(text, term.start())) == 1:
-        return False, nxt  # an initial: J. R. R. Tolkien
+    if term.group() == "." and len(_word_before(text, term.start())) == 1 and _starts_word(text, term.start() - 1):
+        return False, nxt  # an initial: J. R. R. Tolkien (not the end of "?c=d.")
     if term.group() == "." and _INITIALISM.fullmatch(_word_before(text, term.start())):
         # "the U.S. Navy", "U.K. Parliament": one sentence. "...in the U.S. Then" merges two, which a
         # listener does not notice; a break inside a name they do.
@@ -302,6 +311,11 @@ def _is_boundary(text: str, term: re.Match[str], para_end: int) -> tuple[bool, i
 
 
 _INITIALISM = re.compile(r"(?:[^\W\d_]\.)+[^\W\d_]")  # u.s, u.s.a, e.u (the last dot is the terminator)
+
+
+def _starts_word(text: str, pos: int) -> bool:
+    """Whether text[pos] begins a word (after whitespace, an opening mark, or the text's start)."""
+    return pos == 0 or text[pos - 1].isspace() or text[pos - 1] in _OPENERS
 
 
 def _can_start_sentence(char: str) -> bool:
@@ -345,42 +359,116 @@ def _trim(text: str, start: int, end: int) -> tuple[int, int]:
 
 # --- over-long sentences --------------------------------------------------------------------------
 
+#: Clause breaks, strongest first: where a long sentence may be cut (the cut is after the match).
+#: A comma that opens a relative clause ("the committee, which had met") cuts a subject from its
+#: parenthetical: weaker than other commas, and a space before "and"/"but" is stronger than a
+#: bare space.
 _CLAUSE_BREAKS = (
     re.compile(r"[;:]\s+"),
     re.compile(r"\s+[—–]\s*|—"),
+    re.compile(r",\s+(?!(?:which|who|whom|whose|where|when|although|though)\b)", re.IGNORECASE),
+    re.compile(r"\s+(?=(?:and|but|or|nor|yet|so|because|while|whereas)\s)", re.IGNORECASE),
     re.compile(r",\s+"),
     re.compile(r"\s+"),
 )
+_OPEN = "([{«“‘"
+_CLOSE = ")]}»”’"
+#: A piece shorter than this is a "tiny tail": cuts that leave one are avoided where others exist.
+MIN_PIECE_CHARS = 12
+#: Balanced splitting looks at stretches of at most this many pieces at once (linear on any text).
+_STRETCH_PIECES = 8
 
 
 def _split_long(text: str, start: int, end: int, max_chars: int) -> list[tuple[int, int]]:
-    """Split text[start:end] at the strongest clause break that leaves pieces under max_chars.
+    """Cut text[start:end] into pieces of at most ``max_chars``, each cut at the strongest clause
+    break that keeps the pieces balanced (as equal as the breaks allow, no tiny tails), outside
+    brackets and quotes where a break outside them exists.
 
-    Iterative and linear: each piece looks for its break only in the next ``max_chars`` characters
-    (a break further on cannot fit), so a long unpunctuated text costs what its length does."""
+    Linear: a very long run is first cut greedily into stretches of a few pieces' length (each cut
+    looks only at the next stretch), and each stretch is then split by bisection."""
+    if end - start <= max_chars:
+        return [(start, end)]
     pieces: list[tuple[int, int]] = []
-    while end - start > max_chars:
-        window = min(end, start + max_chars + 1)
-        cut = None
-        for pattern in _CLAUSE_BREAKS:
-            fitting = [
-                m.end()
-                for m in pattern.finditer(text, start, window)
-                if start < m.start() and m.end() < end and m.end() - start <= max_chars
-            ]
-            if fitting:
-                # the latest break that fits keeps pieces long; prefer one past a third of the limit
-                good = [c for c in fitting if c - start >= max_chars // 3] or fitting
-                cut = good[-1]
-                break
-        if cut is None:  # one unbroken run of characters (a URL, say)
-            pieces.append((start, start + max_chars))
-            start += max_chars
-            continue
-        pieces.append(_trim(text, start, cut))
+    stretch = max_chars * _STRETCH_PIECES
+    while end - start > stretch:  # a paragraph-long "sentence": stretches first
+        cut = _best_cut(text, start, min(end, start + stretch), _STRETCH_PIECES // 2, _STRETCH_PIECES, max_chars, greedy=True)
+        cut = cut or start + max_chars
+        pieces.extend(_bisect(text, start, cut, max_chars))
         start, end = _trim(text, cut, end)
-    pieces.append((start, end))
-    return pieces
+    pieces.extend(_bisect(text, start, end, max_chars))
+    return [p for p in pieces if p[1] > p[0]]
+
+
+def _bisect(text: str, start: int, end: int, max_chars: int) -> list[tuple[int, int]]:
+    start, end = _trim(text, start, end)
+    length = end - start
+    if length <= max_chars:
+        return [(start, end)]
+    fewest = -(-length // max_chars)  # pieces needed at least; one or two more if breaks are few
+    cut = None
+    for outside in (True, False):  # a piece more, before a cut inside brackets or quotes
+        for n in range(fewest, fewest + 3):
+            if (cut := _best_cut(text, start, end, n // 2, n - n // 2, max_chars, outside=outside)) is not None:
+                break
+        if cut is not None:
+            break
+    if cut is None:  # one unbroken run of characters (a URL, say): cut at the limit
+        cut = start + max_chars
+    return _bisect(text, start, cut, max_chars) + _bisect(text, cut, end, max_chars)
+
+
+def _best_cut(
+    text: str,
+    start: int,
+    end: int,
+    left: int,
+    right: int,
+    max_chars: int,
+    greedy: bool = False,
+    outside: bool | None = None,
+) -> int | None:
+    """Where to cut text[start:end] into ``left`` then ``right`` pieces' worth: the strongest break
+    whose sides fit their pieces (and are no tiny tails), outside brackets and quotes if possible,
+    nearest the balanced point (``greedy``: the latest whose left side fits; ``outside``: only
+    outside brackets and quotes (True), anywhere (False), outside first (None)). None: no break fits."""
+    length = end - start
+    target = start + length * left // (left + right)
+    depth = _nesting(text, start, end)
+    for outside_only in (True, False) if outside is None else (outside,):
+        for pattern in _CLAUSE_BREAKS:
+            fits = []
+            for m in pattern.finditer(text, start, end):
+                cut = m.end()
+                if not start < m.start() or cut >= end:
+                    continue
+                if outside_only and depth[m.start() - start]:
+                    continue
+                a, b = cut - start, end - cut
+                if a > left * max_chars or (not greedy and b > right * max_chars):
+                    continue
+                if min(a, b) < min(MIN_PIECE_CHARS, max_chars // 4):
+                    continue
+                fits.append(cut)
+            if fits:
+                return fits[-1] if greedy else min(fits, key=lambda c: abs(c - target))
+    return None
+
+
+def _nesting(text: str, start: int, end: int) -> bytearray:
+    """For each character of text[start:end]: inside brackets or quotes (1) or not (0). Straight
+    double quotes toggle; an apostrophe is never a quote."""
+    out = bytearray(end - start)
+    level, quoted = 0, False
+    for i in range(start, end):
+        ch = text[i]
+        if ch in _OPEN:
+            level += 1
+        elif ch in _CLOSE:
+            level = max(level - 1, 0)
+        elif ch == '"':
+            quoted = not quoted
+        out[i - start] = 1 if (level or quoted) else 0
+    return out
 
 
 # --- spoken text ----------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from jobs.segmentation import Pause, Plan, plan_text
+from testing.segmentation_corpus import CASES
 
 
 def texts(source: str, **kw) -> list[str]:
@@ -155,3 +156,39 @@ def test_pause_markup_and_scene_breaks():
         plan_text("[pause 1s] Hi.")
     # not markup: left as text
     assert [s.text for s in plan_text("See [pause] and [pause two s].").segments] == ["See [pause] and [pause two s]."]
+
+
+@pytest.mark.parametrize(("text", "sentences"), CASES, ids=[t[:30] for t, _ in CASES])
+def test_the_hard_case_corpus(text, sentences):
+    assert [text[s.start : s.end] for s in plan_text(text, markdown=False).segments] == sentences
+
+
+def test_long_sentences_split_balanced_outside_brackets_without_tiny_tails():
+    text = (
+        "The committee, which had met for hours in the cold hall, finally agreed (after a long and bitter "
+        "argument about money, time and people) that the bridge would be built, and the town cheered."
+    )
+    pieces = [text[s.start : s.end] for s in plan_text(text, max_chars=100).segments]
+    assert all(len(p) <= 100 for p in pieces) and " ".join(pieces) == text
+    assert min(len(p) for p in pieces) >= 40  # balanced: no tiny tail
+    for p in pieces:  # never inside the parentheses, never between the subject and its relative clause
+        assert p.count("(") == p.count(")")
+        assert not p.endswith("The committee,")
+    # a tail that would be tiny under a greedy cut ("... and so on.") is balanced instead
+    run_on = "word " * 24 + "and so on."
+    lengths = [s.end - s.start for s in plan_text(run_on, max_chars=100).segments]
+    assert len(lengths) == 2 and min(lengths) >= 30, lengths
+
+
+def test_a_paragraph_long_unpunctuated_run_is_split_in_linear_time():
+    import time
+
+    def seconds(n: int) -> float:
+        text = "word " * n
+        started = time.perf_counter()
+        plan = plan_text(text, max_chars=100)
+        assert all(s.end - s.start <= 100 for s in plan.segments)
+        return time.perf_counter() - started
+
+    small, large = seconds(20_000), seconds(160_000)
+    assert large < 8 * small * 3  # 8x the text: within 3x of 8x the time (no quadratic blow-up)
