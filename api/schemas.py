@@ -73,6 +73,11 @@ class JobCreate(BaseModel):
         '"say": "sequel"}]; whole words, case-insensitive unless "case_sensitive": true; regex is RE2. '
         "Applied before the tenant's named lexicons.",
     )
+    text_normalization: bool | None = Field(
+        default=None,
+        description="Write numbers, dates, currencies, units and abbreviations as words before synthesis "
+        "(English); default: on for codec-LM models, off for espeak (which reads them itself).",
+    )
     lexicons: list[str] | None = Field(
         default=None, max_length=20, description="Names of the tenant's lexicons (PUT /v1/lexicons/{name}) to apply, in order."
     )
@@ -179,6 +184,7 @@ class JobCreate(BaseModel):
             true_peak_dbtp=self.true_peak_dbtp,
             cover=decode_cover(self.cover),
             chapter_files=self.chapter_files,
+            normalize_text=self.text_normalization,
             seed=self.seed,
             markdown=self.text_format == "markdown",
             rate=self.rate,

@@ -202,6 +202,7 @@ def stitch(
                     "start_sample": round(start * ratio),
                     "samples": round(pcm.size * ratio),
                     **({"said": segment.say} if segment.say else {}),
+                    **({"said_map": segment.say_map} if segment.say_map else {}),
                 }
             )
             gap = pauses.after(segment, model_rate)

@@ -53,8 +53,11 @@ class Segment:
     #: An explicit pause after it (``[pause 2s]`` markup), milliseconds, instead of ``pause_after``'s;
     #: -1: none.
     pause_ms: int = -1
-    #: What the voice says, where a lexicon changed ``text`` (jobs/lexicon.py); "": ``text``.
+    #: What the voice says, where a lexicon or the normaliser changed ``text`` (jobs/lexicon.py,
+    #: jobs/normalize.py); "": ``text``.
     say: str = ""
+    #: The normaliser's rewritten pieces: [say_start, say_end, text_start, text_end] each.
+    say_map: list = field(default_factory=list)
 
     @property
     def spoken_text(self) -> str:
@@ -76,6 +79,8 @@ class Plan:
     lexicon: list[dict] = field(default_factory=list)
     #: Segments taken from the segment cache, not rendered: index -> [object key, samples].
     reused: dict[int, list] = field(default_factory=dict)
+    #: The language whose rules wrote numbers and symbols as words (jobs/normalize.py); "": none.
+    normalized: str = ""
     #: Each segment's segment-cache key and the cache's scope (jobs/segcache.py); empty: no cache.
     cache_keys: list[str] = field(default_factory=list)
     cache_scope: str = ""
@@ -87,6 +92,7 @@ class Plan:
                 "chapters": [asdict(c) for c in self.chapters],
                 "lexicon": self.lexicon,
                 "reused": {str(i): v for i, v in self.reused.items()},
+                "normalized": self.normalized,
                 "cache_keys": self.cache_keys,
                 "cache_scope": self.cache_scope,
             },
@@ -103,6 +109,7 @@ class Plan:
             chapters=[Chapter(**c) for c in data["chapters"]],
             lexicon=data.get("lexicon", []),
             reused={int(i): v for i, v in data.get("reused", {}).items()},
+            normalized=data.get("normalized", ""),
             cache_keys=data.get("cache_keys", []),
             cache_scope=data.get("cache_scope", ""),
         )

@@ -23,6 +23,8 @@ from jobs.errors import QUOTE_LIMIT, InvalidRequest, JobNotFound, QuotaExceeded,
 from jobs.finalize import delete_outputs, forget_finalize
 from jobs.lexicon import Entry, Lexicon
 from jobs.model import Job, JobStatus
+from jobs.normalize import SUPPORTED as NORMALIZED_LANGUAGES
+from jobs.normalize import normalize as normalize_text
 from jobs.scheduler import BATCH, CLASSES, INTERACTIVE, shard_of
 from jobs.segcache import SegmentCache, keys_of, scope_of
 from jobs.segmentation import Block, Plan, Segment, plan_blocks, plan_text
@@ -67,6 +69,8 @@ class JobRequest:
     blocks: list[Block] | None = None
     #: Pronunciations, applied to what is said (the job's own entries, then its named lexicons').
     lexicon: list[Entry] = field(default_factory=list)
+    #: Numbers, dates, currencies... as words (jobs/normalize.py); None: as the model's family says.
+    normalize_text: bool | None = None
 
 
 def from_book(request: JobRequest, book: Book, chapters: list[int | str] | None = None) -> JobRequest:
@@ -176,6 +180,9 @@ def validate(request: JobRequest, settings: Settings, max_text_chars: int | None
         plan = plan_text(request.text, markdown=request.markdown, max_chars=settings.max_segment_chars)
     if request.lexicon:
         plan = _pronounce(plan, Lexicon(request.lexicon))
+    wants = family.normalizes_text if request.normalize_text is None else request.normalize_text
+    if wants and (request.language or "eng") in NORMALIZED_LANGUAGES:
+        plan = _normalized(plan, request.language or "eng")
     if not plan.segments:
         raise InvalidRequest(
             "text has nothing to narrate: no letter or digit outside markup and code "
@@ -225,7 +232,20 @@ def _pronounce(plan: Plan, lexicon: Lexicon) -> Plan:
                 raise InvalidRequest(f"the lexicon leaves segment {segment.index} ({segment.text[:60]!r}) with nothing to say")
             segment = replace(segment, say=" ".join(said.split()))
         segments.append(segment)
-    return Plan(segments=segments, chapters=plan.chapters, lexicon=lexicon.report())
+    return replace(plan, segments=segments, lexicon=lexicon.report())
+
+
+def _normalized(plan: Plan, language: str) -> Plan:
+    """Numbers, dates, currencies... as words in what each segment says (after the lexicon: the
+    user's own pronunciations win). The map back to the written text is kept where the lexicon
+    left the segment as written."""
+    segments = []
+    for segment in plan.segments:
+        said, spans = normalize_text(segment.spoken_text, language)
+        if said != segment.spoken_text:
+            segment = replace(segment, say=said, say_map=spans if not segment.say else [])
+        segments.append(segment)
+    return replace(plan, segments=segments, normalized=language)
 
 
 def _priority(request: JobRequest, segments: int, settings: Settings) -> str:

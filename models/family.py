@@ -103,6 +103,9 @@ class CodecLMFamily:
     lookahead_frames: int = 3
     #: What counts as a runaway segment (never stops, repeats, near-silence): models/runaway.py.
     runaway: RunawayLimits = field(default_factory=RunawayLimits)
+    #: Numbers, dates, currencies... written as words before synthesis (jobs/normalize.py): codec
+    #: LMs read digits badly.
+    normalizes_text: bool = True
 
     @property
     def frame_seconds(self) -> float:

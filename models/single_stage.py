@@ -21,6 +21,8 @@ class SingleStageFamily:
     rate_range: tuple[int, int]
     default_pitch: int
     pitch_range: tuple[int, int]
+    #: eSpeak NG reads numbers, dates and abbreviations itself, per language.
+    normalizes_text: bool = False
 
     @property
     def voices(self) -> tuple[str, ...]:

@@ -65,7 +65,7 @@ def test_ar_and_decoder_over_memory_streams_give_the_offline_audio(data_dir, tin
     assert broker.pending(names.tasks("tiny")) == 0 and broker.dead == []
     chunks = [CodeChunk.decode(f) for f in broker.published[names.codes("tiny")]]
     audio = [AudioChunk.decode(f) for f in broker.published[names.audio()]]
-    reference = offline_segment_audio(settings, [s.text for s in plan.segments], "leo")
+    reference = offline_segment_audio(settings, [s.spoken_text for s in plan.segments], "leo")
     for segment, ref in zip(plan.segments, reference, strict=True):
         mine = sorted((a for a in audio if a.segment == segment.index), key=lambda a: a.seq)
         assert [a.seq for a in mine] == list(range(len(mine))) and mine[-1].final  # each delta once, in order
