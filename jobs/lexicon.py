@@ -28,14 +28,21 @@ MAX_PATTERN_CHARS = 200
 MAX_SAY_CHARS = 200
 MAX_LEXICONS = 100
 NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+_PHONEME_CHARS = re.compile(r"[ -Z\\^-~]+")  # printable ASCII but [ and ]
 
 
 @dataclass(frozen=True, slots=True)
 class Entry:
-    say: str
+    #: What is said instead: words, or (``phonemes``) a phoneme string for families that read them.
+    say: str | None = None
     match: str | None = None
     regex: str | None = None
     case_sensitive: bool = False
+    phonemes: str | None = None
+
+    @property
+    def replacement(self) -> str:
+        return f"[[{self.phonemes}]]" if self.phonemes is not None else self.say
 
     def pattern(self) -> str:
         if self.regex is not None:
@@ -59,9 +66,9 @@ def entries_from(raw, where: str = "lexicon") -> list[Entry]:
     out = []
     for i, item in enumerate(raw):
         at = f"{where} entry {i + 1}"
-        if not isinstance(item, dict) or set(item) - {"match", "regex", "say", "case_sensitive"}:
-            raise InvalidRequest(f"{at}: an object with match or regex, say and optionally case_sensitive")
-        match, regex, say = item.get("match"), item.get("regex"), item.get("say")
+        if not isinstance(item, dict) or set(item) - {"match", "regex", "say", "phonemes", "case_sensitive"}:
+            raise InvalidRequest(f"{at}: an object with match or regex, say or phonemes, and optionally case_sensitive")
+        match, regex, say, phonemes = item.get("match"), item.get("regex"), item.get("say"), item.get("phonemes")
         if (match is None) == (regex is None):
             raise InvalidRequest(f"{at}: give either match (a word or phrase) or regex, not both or neither")
         text = match if match is not None else regex
@@ -69,12 +76,20 @@ def entries_from(raw, where: str = "lexicon") -> list[Entry]:
             raise InvalidRequest(f"{at}: match/regex is empty")
         if len(text) > MAX_PATTERN_CHARS:
             raise InvalidRequest(f"{at}: match/regex has {len(text)} characters; at most {MAX_PATTERN_CHARS}")
-        if not isinstance(say, str) or len(say) > MAX_SAY_CHARS:
+        if (say is None) == (phonemes is None):
+            raise InvalidRequest(f"{at}: give either say (words) or phonemes, not both or neither")
+        if say is not None and (not isinstance(say, str) or len(say) > MAX_SAY_CHARS):
             raise InvalidRequest(f"{at}: say is the text to say instead (at most {MAX_SAY_CHARS} characters)")
+        if phonemes is not None and not (
+            isinstance(phonemes, str) and 0 < len(phonemes) <= MAX_SAY_CHARS and _PHONEME_CHARS.fullmatch(phonemes)
+        ):
+            raise InvalidRequest(
+                f"{at}: phonemes are eSpeak NG mnemonics (printable ASCII without [ and ], at most {MAX_SAY_CHARS})"
+            )
         case = item.get("case_sensitive", False)
         if not isinstance(case, bool):
             raise InvalidRequest(f"{at}: case_sensitive is true or false")
-        entry = Entry(say=say, match=match, regex=regex, case_sensitive=case)
+        entry = Entry(say=say, match=match, regex=regex, case_sensitive=case, phonemes=phonemes)
         try:
             compiled = re2.compile(entry.pattern())
         except re2.error as exc:
@@ -107,7 +122,7 @@ class Lexicon:
         def replace(m) -> str:
             index = next(int(k[1:]) for k, v in m.groupdict().items() if v is not None)
             self.counts[index] += 1
-            return self.entries[index].say
+            return self.entries[index].replacement
 
         return self._pattern.sub(replace, text)
 

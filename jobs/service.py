@@ -178,7 +178,19 @@ def validate(request: JobRequest, settings: Settings, max_text_chars: int | None
         plan = plan_blocks(request.text, request.blocks, max_chars=settings.max_segment_chars)
     else:
         plan = plan_text(request.text, markdown=request.markdown, max_chars=settings.max_segment_chars)
+    if family.reads_phonemes:  # "[[" in the text is not the voice's phoneme markup: only a lexicon's is
+        plan = replace(
+            plan,
+            segments=[
+                replace(s, say=s.spoken_text.replace("[[", "[ [")) if "[[" in s.spoken_text else s
+                for s in plan.segments
+            ],
+        )
     if request.lexicon:
+        if not family.reads_phonemes and (e := next((e for e in request.lexicon if e.phonemes), None)):
+            raise InvalidRequest(
+                f"the lexicon entry for {e.key()} gives phonemes, which model {spec.name!r} cannot read: give say (words)"
+            )
         plan = _pronounce(plan, Lexicon(request.lexicon))
     wants = family.normalizes_text if request.normalize_text is None else request.normalize_text
     if wants and (request.language or "eng") in NORMALIZED_LANGUAGES:
@@ -226,8 +238,8 @@ def _pronounce(plan: Plan, lexicon: Lexicon) -> Plan:
     say (every word replaced by "") is a 422."""
     segments = []
     for segment in plan.segments:
-        said = lexicon.apply(segment.text)
-        if said != segment.text:
+        said = lexicon.apply(segment.spoken_text)
+        if said != segment.spoken_text:
             if not said.strip():
                 raise InvalidRequest(f"the lexicon leaves segment {segment.index} ({segment.text[:60]!r}) with nothing to say")
             segment = replace(segment, say=" ".join(said.split()))

@@ -34,6 +34,9 @@ INSTALL_HINT = "pip install 'narration-fleet[espeak]' (eSpeak NG, GPL-3.0-or-lat
 # speak_lib.h
 _SYNCHRONOUS = 2  # espeak_AUDIO_OUTPUT: AUDIO_OUTPUT_SYNCHRONOUS
 _CHARS_UTF8 = 1
+#: Phoneme mnemonics inside [[ ]] in the text (a lexicon's phoneme entries; jobs/lexicon.py). The
+#: job's own text never holds "[[": validation writes it as "[ [" for this family.
+_PHONEMES = 0x100
 _POS_CHARACTER = 1
 _RATE, _PITCH = 1, 3  # espeak_PARAMETER
 _EE_OK = 0
@@ -174,7 +177,9 @@ class _Library:
         data = text.encode()
         self._sink = sink
         try:
-            status = self.lib.espeak_Synth(data, len(data) + 1, 0, _POS_CHARACTER, 0, _CHARS_UTF8, None, None)
+            status = self.lib.espeak_Synth(
+                data, len(data) + 1, 0, _POS_CHARACTER, 0, _CHARS_UTF8 | _PHONEMES, None, None
+            )
         finally:
             self._sink = None
         if status != _EE_OK:

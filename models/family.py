@@ -106,6 +106,8 @@ class CodecLMFamily:
     #: Numbers, dates, currencies... written as words before synthesis (jobs/normalize.py): codec
     #: LMs read digits badly.
     normalizes_text: bool = True
+    #: Codec LMs read text only: lexicon entries must say words, not phonemes.
+    reads_phonemes: bool = False
 
     @property
     def frame_seconds(self) -> float:

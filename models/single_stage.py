@@ -23,6 +23,8 @@ class SingleStageFamily:
     pitch_range: tuple[int, int]
     #: eSpeak NG reads numbers, dates and abbreviations itself, per language.
     normalizes_text: bool = False
+    #: It reads phoneme strings in its text (eSpeak NG: ``[[h@'loU]]``), for lexicons' phoneme entries.
+    reads_phonemes: bool = True
 
     @property
     def voices(self) -> tuple[str, ...]:

@@ -427,3 +427,22 @@ def test_a_revised_book_renders_only_its_changed_sentences(fleet, client):
     assert wait_done(client, third["id"], timeout=120)["status"] == "done"
     c, _ = download(client, third["id"])
     np.testing.assert_array_equal(b, c)
+
+
+def test_a_phoneme_lexicon_entry_reaches_espeak(fleet, client):
+    """A phoneme entry ("w'In", eSpeak NG's own mnemonics for "Win") through the real fleet: the voice
+    reads the phonemes, not the word: the audio is not that of "Nguyen", and as long as "Win"'s
+    (within 1 %: phoneme input keeps the word, the sentence's prosody may move a few samples)."""
+    entry = {"match": "Nguyen", "phonemes": "w'In"}
+    by_phonemes = submit(client, text="Hello Nguyen.", lexicon=[entry])
+    as_word = submit(client, text="Hello Win.")
+    as_written = submit(client, text="Hello Nguyen.", seed=1)
+    for job in (by_phonemes, as_word, as_written):
+        assert wait_done(client, job["id"])["status"] == "done"
+    a, _ = download(client, by_phonemes["id"])
+    b, _ = download(client, as_word["id"])
+    c, _ = download(client, as_written["id"])
+    assert manifest(fleet, by_phonemes["id"])["segments"][0]["said"] == "Hello [[w'In]]."
+    assert abs(a.size - b.size) <= 0.01 * b.size and a.size != c.size
+    refused = client.post("/v1/jobs", json={"text": "Hi.", "model": "espeak", "lexicon": [{"match": "Hi", "phonemes": "a[b"}]})
+    assert refused.status_code == 422 and "phonemes are eSpeak NG mnemonics" in refused.json()["detail"]

@@ -59,7 +59,11 @@ def test_bad_entries_are_refused_naming_the_entry(raw, says):
 
 def test_a_jobs_plan_says_the_replacement_and_keeps_the_written_text(tmp_path):
     settings = Settings(data_dir=tmp_path, models="tiny")
-    request = JobRequest(text="Mr. Nguyen arrived. Nothing here.", lexicon=entries_from([{"match": "Nguyen", "say": "Win"}]))
+    request = JobRequest(
+        text="Mr. Nguyen arrived. Nothing here.",
+        lexicon=entries_from([{"match": "Nguyen", "say": "Win"}]),
+        normalize_text=False,  # the lexicon alone here (tests/jobs/test_normalize.py: both)
+    )
     job, plan = validate(request, settings)
     first, second = plan.segments
     assert (first.text, first.say, second.say) == ("Mr. Nguyen arrived.", "Mr. Win arrived.", "")
@@ -67,3 +71,15 @@ def test_a_jobs_plan_says_the_replacement_and_keeps_the_written_text(tmp_path):
     assert plan.lexicon == [{"say": "Win", "match": "Nguyen", "case_sensitive": False, "applied": 1}]
     with pytest.raises(InvalidRequest, match="with nothing to say"):
         validate(JobRequest(text="Nguyen.", lexicon=entries_from([{"regex": r"\w+\.?", "say": ""}])), settings)
+
+
+def test_phoneme_entries_are_for_families_that_read_phonemes(tmp_path):
+    settings = Settings(data_dir=tmp_path, models="tiny,espeak")
+    entries = entries_from([{"match": "Nguyen", "phonemes": "w'In"}])
+    _, plan = validate(JobRequest(text="Hello Nguyen. Not [[this]].", model="espeak", lexicon=entries), settings)
+    assert [s.spoken_text for s in plan.segments] == ["Hello [[w'In]].", "Not [ [this]]."]  # only the lexicon's
+    with pytest.raises(InvalidRequest, match="cannot read: give say"):
+        validate(JobRequest(text="Hello Nguyen.", model="tiny", lexicon=entries), settings)
+    for bad in ({"match": "a", "phonemes": "x[y"}, {"match": "a", "say": "b", "phonemes": "c"}):
+        with pytest.raises(InvalidRequest):
+            entries_from([bad])
