@@ -17,8 +17,8 @@ import numpy as np
 
 from jobs.encoding import FORMATS, Chapter, CodecRoundTrip, Cover, format_named, open_sink
 from jobs.loudness import MAX_GAIN_DB, Loudness, LoudnessMeter, PeakLimiter, normalising_gain_db
+from jobs.segmentation import EMPHASIS_CLOSE, EMPHASIS_OPEN, Pause, Plan, Segment
 from jobs.segmentation import Chapter as PlanChapter
-from jobs.segmentation import Pause, Plan, Segment
 
 __all__ = ["FORMATS", "SAMPLE_RATES", "Manifest", "Pauses", "chapter_marks", "format_named", "stitch"]
 
@@ -91,6 +91,11 @@ def chapter_file_name(number: int, fmt) -> str:
 def chapter_title(chapter: PlanChapter) -> str:
     """A chapter's title as files and manifests show it (the text before the first heading has none)."""
     return chapter.title or f"Chapter {chapter.index + 1}"
+
+
+def _readable(said: str) -> str:
+    """What was said, its emphasis marks as Markdown's *...*."""
+    return said.replace(EMPHASIS_OPEN, "*").replace(EMPHASIS_CLOSE, "*")
 
 
 def chapter_marks(plan: Plan, samples: dict[int, int], pauses: Pauses, model_rate: int) -> list[Chapter]:
@@ -201,7 +206,7 @@ def stitch(
                     "end_s": position / model_rate,
                     "start_sample": round(start * ratio),
                     "samples": round(pcm.size * ratio),
-                    **({"said": segment.say} if segment.say else {}),
+                    **({"said": _readable(segment.say)} if segment.say else {}),
                     **({"said_map": segment.say_map} if segment.say_map else {}),
                 }
             )

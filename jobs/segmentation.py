@@ -487,6 +487,16 @@ _MD_INLINE = [
     (re.compile(r"(?m)^\s{0,3}>\s?"), ""),  # block quotes
     (re.compile(r"(\*\*|__|\*|_|~~|`+)(?=\S)(.+?)(?<=\S)\1"), r"\2"),  # emphasis, code
 ]
+#: Emphasis in what is said, for voices that can stress it (eSpeak NG, via SSML): Markdown's
+#: *...*, _..._, **...**, __...__ become these marks around the words (private-use characters, never
+#: in a text as written: models that cannot stress words get them removed, see ``plain``).
+EMPHASIS_OPEN, EMPHASIS_CLOSE = "\ue000", "\ue001"
+_MD_EMPHASIS = re.compile(r"(\*\*|__|\*|_)(?=\S)(.+?)(?<=\S)\1")
+
+
+def plain(said: str) -> str:
+    """What is said without its emphasis marks."""
+    return said.replace(EMPHASIS_OPEN, "").replace(EMPHASIS_CLOSE, "") if EMPHASIS_OPEN in said else said
 
 
 #: Characters nobody can hear: C0/C1 controls but whitespace, zero-width and direction marks, the BOM,
@@ -498,10 +508,13 @@ _INVISIBLE = re.compile(
 _SPEAKABLE = re.compile(r"[^\W_]")
 
 
-def spoken(text: str, markdown: bool = True) -> str:
+def spoken(text: str, markdown: bool = True, emphasis: bool = False) -> str:
     """What is said of ``text``: Markdown markup and invisible characters out, whitespace collapsed;
-    empty if nothing in it can be said (only punctuation, say)."""
+    empty if nothing in it can be said (only punctuation, say). ``emphasis``: Markdown emphasis as
+    EMPHASIS_OPEN/CLOSE marks around its words."""
     if markdown:
+        if emphasis:
+            text = _MD_EMPHASIS.sub(lambda m: f"{EMPHASIS_OPEN}{m[2]}{EMPHASIS_CLOSE}", text)
         for pattern, repl in _MD_INLINE:
             text = pattern.sub(repl, text)
     text = " ".join(_INVISIBLE.sub("", text).split())
@@ -558,10 +571,13 @@ def plan_blocks(text: str, blocks: list[Block], *, markdown: bool = False, max_c
         for span, ms in pieces:
             if span is not None:
                 start, end = span
+                written = spoken(text[start:end], markdown)
+                stressed = spoken(text[start:end], markdown, emphasis=True)
                 plan.segments.append(
                     Segment(
                         index=len(plan.segments),
-                        text=spoken(text[start:end], markdown),
+                        text=written,
+                        say=stressed if stressed != written else "",
                         start=start,
                         end=end,
                         chapter=chapter,

@@ -27,7 +27,7 @@ from jobs.normalize import SUPPORTED as NORMALIZED_LANGUAGES
 from jobs.normalize import normalize as normalize_text
 from jobs.scheduler import BATCH, CLASSES, INTERACTIVE, shard_of
 from jobs.segcache import SegmentCache, keys_of, scope_of
-from jobs.segmentation import Block, Plan, Segment, plan_blocks, plan_text
+from jobs.segmentation import Block, Plan, Segment, plain, plan_blocks, plan_text
 from jobs.store import JobStore
 from jobs.tenants import DEFAULT_TENANT, Principal
 from models.registry import MODELS, UnknownModelError, get_model
@@ -283,13 +283,16 @@ def _prosody(spec, request: JobRequest) -> tuple[int, int]:
 
 
 def segment_task(job: Job, segment: Segment, retry: int = 0) -> SegmentTask:
+    said = segment.spoken_text
+    if not MODELS[job.model].family.reads_emphasis:
+        said = plain(said)  # emphasis marks only for voices that can stress words
     return SegmentTask(
         job_id=job.id,
         segment=segment.index,
-        text=segment.spoken_text,
+        text=said,
         model=job.model,
         voice=job.voice,
-        seed=segment_seed(job.seed, job.voice, segment.spoken_text),
+        seed=segment_seed(job.seed, job.voice, said),
         rate=job.rate,
         pitch=job.pitch,
         retry=retry,

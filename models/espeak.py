@@ -37,6 +37,11 @@ _CHARS_UTF8 = 1
 #: Phoneme mnemonics inside [[ ]] in the text (a lexicon's phoneme entries; jobs/lexicon.py). The
 #: job's own text never holds "[[": validation writes it as "[ [" for this family.
 _PHONEMES = 0x100
+#: SSML markup: only for text with emphasis marks (others keep eSpeak's plain-text reading).
+_SSML = 0x10
+#: The emphasis marks of jobs/segmentation.py (models import nothing from jobs: the same two
+#: private-use characters, tested to match).
+_EMPHASIS_OPEN, _EMPHASIS_CLOSE = "\ue000", "\ue001"
 _POS_CHARACTER = 1
 _RATE, _PITCH = 1, 3  # espeak_PARAMETER
 _EE_OK = 0
@@ -173,13 +178,12 @@ class _Library:
             out.append(self.lib.espeak_TextToPhonemes(ctypes.byref(pointer), _CHARS_UTF8, 0).decode())
         return " ".join(out)
 
-    def synth(self, text: str, sink: Callable[[np.ndarray], bool]) -> None:
+    def synth(self, text: str, sink: Callable[[np.ndarray], bool], ssml: bool = False) -> None:
         data = text.encode()
         self._sink = sink
+        flags = _CHARS_UTF8 | _PHONEMES | (_SSML if ssml else 0)
         try:
-            status = self.lib.espeak_Synth(
-                data, len(data) + 1, 0, _POS_CHARACTER, 0, _CHARS_UTF8 | _PHONEMES, None, None
-            )
+            status = self.lib.espeak_Synth(data, len(data) + 1, 0, _POS_CHARACTER, 0, flags, None, None)
         finally:
             self._sink = None
         if status != _EE_OK:
@@ -385,11 +389,15 @@ class EspeakEngine:
         name = self.voices.espeak_name(voice)
         if not RATE_RANGE[0] <= rate <= RATE_RANGE[1] or not PITCH_RANGE[0] <= pitch <= PITCH_RANGE[1]:
             raise ValueError(f"rate {rate} (allowed {RATE_RANGE}) or pitch {pitch} (allowed {PITCH_RANGE})")
+        ssml = _EMPHASIS_OPEN in text  # emphasis marks (jobs/segmentation.py): SSML <emphasis>
+        if ssml:
+            escaped = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+            text = "<speak>" + escaped.replace(_EMPHASIS_OPEN, "<emphasis>").replace(_EMPHASIS_CLOSE, "</emphasis>") + "</speak>"
         with _LOCK:
             self._lib.set_voice(name)
             self._lib.lib.espeak_SetParameter(_RATE, rate, 0)
             self._lib.lib.espeak_SetParameter(_PITCH, pitch, 0)
-            self._lib.synth(text, on_audio)
+            self._lib.synth(text, on_audio, ssml=ssml)
 
     def speak(self, text: str, voice: str = DEFAULT_VOICE, **params: int) -> np.ndarray:
         """The whole audio of ``text`` at once (tests, tools)."""

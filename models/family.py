@@ -106,8 +106,10 @@ class CodecLMFamily:
     #: Numbers, dates, currencies... written as words before synthesis (jobs/normalize.py): codec
     #: LMs read digits badly.
     normalizes_text: bool = True
-    #: Codec LMs read text only: lexicon entries must say words, not phonemes.
+    #: Codec LMs read text only: lexicon entries must say words, not phonemes, and emphasis marks
+    #: are taken out of what they are given.
     reads_phonemes: bool = False
+    reads_emphasis: bool = False
 
     @property
     def frame_seconds(self) -> float:

@@ -25,6 +25,8 @@ class SingleStageFamily:
     normalizes_text: bool = False
     #: It reads phoneme strings in its text (eSpeak NG: ``[[h@'loU]]``), for lexicons' phoneme entries.
     reads_phonemes: bool = True
+    #: It stresses words marked as emphasised (eSpeak NG: SSML <emphasis>).
+    reads_emphasis: bool = True
 
     @property
     def voices(self) -> tuple[str, ...]:

@@ -446,3 +446,17 @@ def test_a_phoneme_lexicon_entry_reaches_espeak(fleet, client):
     assert abs(a.size - b.size) <= 0.01 * b.size and a.size != c.size
     refused = client.post("/v1/jobs", json={"text": "Hi.", "model": "espeak", "lexicon": [{"match": "Hi", "phonemes": "a[b"}]})
     assert refused.status_code == 422 and "phonemes are eSpeak NG mnemonics" in refused.json()["detail"]
+
+
+def test_markdown_emphasis_is_stressed_by_the_voice(fleet, client):
+    """*no* reaches eSpeak NG as SSML <emphasis>: the word is said otherwise than without it (and
+    the manifest shows what was said with Markdown's marks)."""
+    stressed = submit(client, text="I said *no* today.")
+    flat = submit(client, text="I said no today.")
+    for job in (stressed, flat):
+        assert wait_done(client, job["id"])["status"] == "done"
+    a, _ = download(client, stressed["id"])
+    b, _ = download(client, flat["id"])
+    assert a.size != b.size or not np.array_equal(a, b)
+    (segment,) = manifest(fleet, stressed["id"])["segments"]
+    assert (segment["text"], segment["said"]) == ("I said no today.", "I said *no* today.")

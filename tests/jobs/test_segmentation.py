@@ -192,3 +192,22 @@ def test_a_paragraph_long_unpunctuated_run_is_split_in_linear_time():
 
     small, large = seconds(20_000), seconds(160_000)
     assert large < 8 * small * 3  # 8x the text: within 3x of 8x the time (no quadratic blow-up)
+
+
+def test_markdown_emphasis_is_kept_for_voices_that_stress_words(tmp_path):
+    from fleet.settings import Settings
+    from jobs.segmentation import EMPHASIS_CLOSE, EMPHASIS_OPEN
+    from jobs.service import JobRequest, tasks_for, validate
+    from models import espeak
+
+    assert (espeak._EMPHASIS_OPEN, espeak._EMPHASIS_CLOSE) == (EMPHASIS_OPEN, EMPHASIS_CLOSE)  # one mark
+    settings = Settings(data_dir=tmp_path, models="tiny,espeak")
+    text = "I said *no* today. __Never__ again."
+    job, plan = validate(JobRequest(text=text, model="espeak"), settings)
+    assert [s.text for s in plan.segments] == ["I said no today.", "Never again."]  # captions: as written
+    assert [t.text for t in tasks_for(job, plan)] == [
+        f"I said {EMPHASIS_OPEN}no{EMPHASIS_CLOSE} today.",
+        f"{EMPHASIS_OPEN}Never{EMPHASIS_CLOSE} again.",
+    ]
+    job, plan = validate(JobRequest(text=text, model="tiny"), settings)
+    assert [t.text for t in tasks_for(job, plan)] == ["I said no today.", "Never again."]  # a codec LM: no marks
