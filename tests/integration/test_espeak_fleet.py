@@ -46,6 +46,7 @@ def fleet(redis_url, data_dir, tmp_path_factory):
         block_ms=200,
         reclaim_idle_ms=10_000,
         heartbeat_s=1,
+        segment_cache="tenant",  # test_a_revised_book_renders_only_its_changed_sentences
     )
     running = start_fleet(settings, tmp_path_factory.mktemp("espeak-logs"), speech_workers=2)
     yield running
@@ -362,8 +363,9 @@ def test_an_epub_uploaded_over_http_becomes_an_m4b_with_its_chapters(fleet, clie
 
 def test_a_lexicon_changes_a_words_audio(fleet, client):
     """A tenant lexicon through the real API and speech workers: "Nguyen" said as "Win" gives the
-    audio of the text "Win" (eSpeak NG is deterministic), not that of "Nguyen"; the manifest quotes
-    the written text and says what was said and how often the entry applied."""
+    audio of the text "Win", not that of "Nguyen" (eSpeak NG's length varies by ~15 samples from one
+    call to the next for the same text, so "the same" is within 0.3 %; "Nguyen" is 3 % longer);
+    the manifest quotes the written text and says what was said and how often the entry applied."""
     put = client.put("/v1/lexicons/people", json={"entries": [{"match": "Nguyen", "say": "Win"}]})
     assert put.status_code in (200, 201), put.text
     with_lexicon = submit(client, text="Hello Nguyen.", lexicons=["people"])
@@ -374,8 +376,7 @@ def test_a_lexicon_changes_a_words_audio(fleet, client):
     a, _ = download(client, with_lexicon["id"])
     b, _ = download(client, said_directly["id"])
     c, _ = download(client, without["id"])
-    np.testing.assert_array_equal(a, b)
-    assert a.size != c.size or not np.array_equal(a, c)
+    assert abs(a.size - b.size) <= 0.003 * b.size < abs(a.size - c.size), (a.size, b.size, c.size)
     m = manifest(fleet, with_lexicon["id"])
     assert (m["segments"][0]["text"], m["segments"][0]["said"]) == ("Hello Nguyen.", "Hello Win.")
     assert m["lexicon"] == [{"say": "Win", "match": "Nguyen", "case_sensitive": False, "applied": 1}]
@@ -449,14 +450,15 @@ def test_a_phoneme_lexicon_entry_reaches_espeak(fleet, client):
 
 
 def test_markdown_emphasis_is_stressed_by_the_voice(fleet, client):
-    """*no* reaches eSpeak NG as SSML <emphasis>: the word is said otherwise than without it (and
-    the manifest shows what was said with Markdown's marks)."""
+    """*no* reaches the speech workers with its marks (the manifest shows them as Markdown's), and
+    the voice says the sentence otherwise: longer, beyond eSpeak NG's own jitter of a few samples.
+    (tests/models/test_espeak.py holds the <emphasis> itself against the same SSML without it.)"""
     stressed = submit(client, text="I said *no* today.")
     flat = submit(client, text="I said no today.")
     for job in (stressed, flat):
         assert wait_done(client, job["id"])["status"] == "done"
     a, _ = download(client, stressed["id"])
     b, _ = download(client, flat["id"])
-    assert a.size != b.size or not np.array_equal(a, b)
+    assert a.size > 1.02 * b.size, (a.size, b.size)
     (segment,) = manifest(fleet, stressed["id"])["segments"]
     assert (segment["text"], segment["said"]) == ("I said no today.", "I said *no* today.")

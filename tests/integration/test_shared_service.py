@@ -32,7 +32,7 @@ def service(redis_url, data_dir, tmp_path_factory):
     """A fleet with keys required, and keys of tenants alice, bob and an admin."""
     require(unavailable_reason() is None, f"eSpeak NG: {unavailable_reason()}")
     prefix = f"shared-{int(time.time() * 1000) % 10**9}"
-    settings = espeak_settings(redis_url, prefix, data_dir, block_ms=200, max_text_chars=300_000)
+    settings = espeak_settings(redis_url, prefix, data_dir, block_ms=200, max_text_chars=300_000, segment_cache="tenant")
     made = make_keys(
         redis_url,
         prefix,

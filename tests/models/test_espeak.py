@@ -150,3 +150,18 @@ def test_one_synthesis_at_a_time_per_process(engine):
     assert a1 < b0 or b1 < a0, spans  # no overlap
     alone = engine.speak(PARAGRAPH * 3, "en-us").size
     assert abs(sizes["a"] - alone) < 0.02 * alone  # run-to-run differences are a few hundred samples
+
+
+def test_emphasis_marks_become_ssml_emphasis(engine):
+    """The marks of jobs/segmentation.py: the same sentence through SSML with and without
+    <emphasis> around one word; the stressed word is said longer (well beyond eSpeak NG's jitter
+    of a few samples between two calls)."""
+    from models import espeak
+
+    stressed = engine.speak(f"I said {espeak._EMPHASIS_OPEN}no{espeak._EMPHASIS_CLOSE} today.")
+    pieces = []
+    with espeak._LOCK:
+        engine._lib.set_voice("en-us")
+        engine._lib.synth("<speak>I said no today.</speak>", lambda p: pieces.append(p) is None, ssml=True)
+    flat = np.concatenate(pieces)
+    assert stressed.size > 1.03 * flat.size, (stressed.size, flat.size)
