@@ -798,3 +798,13 @@ def paused_decoders_run(
         resume_s=done - resumed,
         wall_s=done - started,
     )
+
+
+def ffprobe(path, *sections: str) -> dict:
+    """What Debian's ffprobe reads of a file (``sections``: "format", "streams", "chapters"), as JSON."""
+    import json
+    import subprocess
+
+    flags = [f"-show_{section}" for section in sections]
+    run = subprocess.run(["ffprobe", "-v", "error", *flags, "-of", "json", str(path)], capture_output=True, text=True, check=True)
+    return json.loads(run.stdout)

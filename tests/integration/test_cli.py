@@ -275,12 +275,9 @@ def test_narrate_file_reads_an_epub_and_its_chapter_choice(tmp_path):
     assert "   2  Copyright  [47 characters]  (skipped: copyright-page)" in listing.stdout
     result = narrate(tmp_path, "file", "novel.epub", "-o", "part.m4b", "--chapters", "4,Chapter 3: Home")
     assert result.returncode == 0, result.stdout + result.stderr
-    probe = json.loads(
-        subprocess.run(
-            ["ffprobe", "-v", "error", "-show_chapters", "-show_format", "-of", "json", "part.m4b"],
-            cwd=tmp_path, capture_output=True, text=True, check=True,
-        ).stdout
-    )  # fmt: skip
+    from testing.fleetkit import ffprobe
+
+    probe = ffprobe(tmp_path / "part.m4b", "chapters", "format")
     assert [c["tags"]["title"] for c in probe["chapters"]] == ["Chapter 1: The Ship", "Chapter 3: Home"]
     assert probe["format"]["tags"]["title"] == "A Test Book"
     (tmp_path / "locked.epub").write_bytes(_with(sample_book(2), add={"META-INF/rights.xml": b"<r/>"}))

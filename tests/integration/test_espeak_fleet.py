@@ -329,9 +329,9 @@ def test_an_epub_uploaded_over_http_becomes_an_m4b_with_its_chapters(fleet, clie
     the m4b that comes back has the book's body chapters (front and back matter skipped), its title,
     author and cover, as Debian's ffprobe reads them; the manifest quotes the chapters' sentences."""
     import shutil
-    import subprocess
 
     from testing.epubkit import sample_book
+    from testing.fleetkit import ffprobe
     from tests.jobs.test_epub import BODY
 
     require(shutil.which("ffprobe") is not None, "ffprobe (Debian's ffmpeg; scripts/test.sh installs it)")
@@ -346,12 +346,7 @@ def test_an_epub_uploaded_over_http_becomes_an_m4b_with_its_chapters(fleet, clie
     audio = client.get(f"/v1/jobs/{job_id}/audio", follow_redirects=True)
     assert audio.status_code == 200
     (tmp_path / "book.m4b").write_bytes(audio.content)
-    probe = json.loads(
-        subprocess.run(
-            ["ffprobe", "-v", "error", "-show_chapters", "-show_format", "-show_streams", "-of", "json", "book.m4b"],
-            cwd=tmp_path, capture_output=True, text=True, check=True,
-        ).stdout
-    )  # fmt: skip
+    probe = ffprobe(tmp_path / "book.m4b", "chapters", "format", "streams")
     assert [c["tags"]["title"] for c in probe["chapters"]] == BODY
     tags = probe["format"]["tags"]
     assert (tags["title"], tags["artist"]) == ("A Test Book", "Ada Writer")
