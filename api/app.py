@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 from fastapi import FastAPI
 
 from api import errors
+from api.broadcast import BroadcastHub
 from api.limits import BodyLimit, max_body_bytes
 from api.links import LinkSigner, link_secret
 from api.routes import router
@@ -47,7 +48,8 @@ def create_app(
         storage = storage_from_settings(settings)
         lexicons, cache = LexiconStore(client, store.names), SegmentCache(client, store.names, settings)
         app.state.fleet = AppState(
-            settings, store, storage, rq, tenants, quotas, signer, EventHub(store), lexicons, cache
+            settings, store, storage, rq, tenants, quotas, signer, EventHub(store), lexicons, cache,
+            BroadcastHub(settings.live_buffer_bytes, settings.live_ahead_bytes),
         )
         try:
             yield

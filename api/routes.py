@@ -17,7 +17,7 @@ from typing import Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from sse_starlette import EventSourceResponse
 from starlette.datastructures import UploadFile as StarletteUploadFile
@@ -43,7 +43,7 @@ from api.state import AppState, app_state
 from fleet.readiness import live_counts
 from fleet.storage import StorageError
 from jobs import captions, service
-from jobs.audio import chapter_file_name
+from jobs.audio import Pauses, chapter_file_name
 from jobs.books import Book
 from jobs.encoding import format_named
 from jobs.errors import InvalidRequest, JobNotFound, LexiconNotFound, NotReady
@@ -52,15 +52,21 @@ from jobs.idempotency import Idempotency
 from jobs.lexicon import NAME as LEXICON_NAME
 from jobs.lexicon import dumps as lexicon_dumps
 from jobs.lexicon import entries_from
+from jobs.live import LiveAudio
+from jobs.live import encoded as live_encoded
 from jobs.model import Job, JobStatus
+from jobs.progressive import STREAM_FORMATS
 from jobs.tenants import Principal
 from jobs.uploads import Upload, read_upload
-from models.registry import served_models
+from models.registry import MODELS, served_models
 
 router = APIRouter()
 #: The job body's schema, for the OpenAPI document (the route parses the body itself, in a thread).
 JOB_CREATE = JobCreate.model_json_schema(ref_template="#/components/schemas/{model}")
 JOB_FORM = job_form_schema()
+
+#: What GET /v1/jobs/{id}/stream offers: what browsers play as it arrives.
+LIVE_FORMATS = ("mp3", "opus")
 
 State = Depends(app_state)
 Caller = Depends(caller)
@@ -428,6 +434,44 @@ async def job_events(
     if request.method == "HEAD":
         return Response(media_type="text/event-stream")
     return EventSourceResponse(event_stream(st.hub, job_id, resume), ping=st.settings.sse_ping_s)
+
+
+@router.api_route(
+    "/v1/jobs/{job_id}/stream",
+    methods=["GET", "HEAD"],
+    responses={
+        **AUTH,
+        200: {"content": {f.content_type: {} for f in STREAM_FORMATS.values() if f.name in LIVE_FORMATS}},
+        404: {"model": Problem},
+        409: {"model": Problem},
+        422: {"model": Problem},
+    },
+)
+async def stream_job(
+    job_id: str,
+    request: Request,
+    st: AppState = State,
+    who: Principal = Depends(caller_or_link("audio")),
+    chapter: int = Query(default=1, description="Start at this chapter (from 1)."),
+    format: Literal["mp3", "opus"] = Query(default="mp3", description="MP3, or Opus in Ogg."),
+):
+    """The job's audio while it renders, for an <audio> element: from the first decoded audio, in book
+    order with its pauses; it waits (the player buffers) where rendering has not got to yet and ends
+    with the job. A finished job streams from its file. Listeners of the same stream share one encode."""
+    job = await service.get(st.store, job_id, who)
+    if job.status in (JobStatus.FAILED, JobStatus.CANCELLED):
+        raise NotReady(f"job {job_id} is {job.status.value}: it has no audio to stream")
+    live = LiveAudio(
+        st.store, st.storage, job, await st.store.plan(job_id), Pauses.of(st.settings),
+        MODELS[job.model].family.sample_rate, st.settings.live_poll_s,
+    )  # fmt: skip
+    live.first_segment(chapter)  # a chapter out of range is refused before any byte
+    fmt = STREAM_FORMATS[format]
+    headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+    if request.method == "HEAD":
+        return Response(media_type=fmt.content_type, headers=headers)
+    body = st.broadcasts.listen((job_id, chapter, format), lambda: live_encoded(live, fmt, chapter))
+    return StreamingResponse(body, media_type=fmt.content_type, headers=headers)
 
 
 def _safe_name(title: str) -> str:

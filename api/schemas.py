@@ -273,6 +273,10 @@ class Links(BaseModel):
         default="", description="WebVTT (or ?format=srt) of the finished file; the audio token opens it too."
     )
     marks: str = Field(default="", description="Per-sentence speech marks (JSON lines) of the finished file.")
+    stream: str = Field(
+        default="",
+        description="The audio as it renders (MP3; ?chapter=N starts at a chapter); the audio token opens it.",
+    )
 
     @classmethod
     def of(cls, job_id: str, tokens: dict[str, str] | None = None) -> Links:
@@ -290,6 +294,7 @@ class Links(BaseModel):
             audio=link("audio"),
             captions=f"{base}/captions{audio_token}",
             marks=f"{base}/marks{audio_token}",
+            stream=f"{base}/stream{audio_token}",
         )
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import redis
 from fastapi import Request
 
+from api.broadcast import BroadcastHub
 from api.links import LinkSigner
 from api.sse import EventHub
 from fleet.settings import Settings
@@ -38,6 +39,8 @@ class AppState:
     lexicons: LexiconStore
     #: Rendered segments kept for reuse.
     cache: SegmentCache
+    #: This process's live streams, shared by their listeners.
+    broadcasts: BroadcastHub
     _limits: dict[str, tuple[float, Limits]] = field(default_factory=dict)
 
     async def limits(self, tenant: str) -> Limits:

@@ -212,6 +212,14 @@ class Settings(BaseSettings):
     api_port: int = 8000
     #: SSE keep-alive ping interval, seconds.
     sse_ping_s: int = 15
+    #: Live streams (jobs/live.py, api/broadcast.py): how often a listener waiting for audio looks
+    #: again, seconds; how far a stream's encode runs ahead of its fastest listener, and how much of
+    #: it is kept for listeners who join later, bytes.
+    live_poll_s: float = Field(default=0.04, gt=0)
+    live_ahead_bytes: int = Field(default=1 << 20, gt=0)
+    live_buffer_bytes: int = Field(default=32 << 20, gt=0)
+    #: POST /v1/audio/speech: the longest input (OpenAI's limit).
+    speech_max_chars: int = Field(default=4096, gt=0)
 
     def decode_linger_s(self) -> float:
         if self.decode_linger_ms is not None:

@@ -7,11 +7,12 @@ out as presigned URLs; local files are served by the API itself.
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 from fleet.settings import Settings
 
@@ -24,6 +25,7 @@ class Storage(Protocol):
     def put_bytes(self, key: str, data: bytes) -> None: ...
     def put_file(self, key: str, path: Path, content_type: str | None = None) -> None: ...
     def get_bytes(self, key: str) -> bytes: ...
+    def open_read(self, key: str) -> BinaryIO: ...
     def copy(self, src: str, dst: str) -> None: ...
     def download(self, key: str, path: Path) -> None: ...
     def exists(self, key: str) -> bool: ...
@@ -68,6 +70,13 @@ class LocalStorage:
         except FileNotFoundError as exc:
             raise StorageError(f"no object {key!r}") from exc
 
+    def open_read(self, key: str) -> BinaryIO:
+        """The object as a seekable file (a decoder reads what it needs of a long book)."""
+        try:
+            return open(self._path(key), "rb")
+        except FileNotFoundError as exc:
+            raise StorageError(f"no object {key!r}") from exc
+
     def copy(self, src: str, dst: str) -> None:
         try:
             with open(self._path(src), "rb") as f:
@@ -88,7 +97,9 @@ class LocalStorage:
         """Every object whose key starts with ``prefix`` (as on S3): a folder's, or names that begin so."""
         base = self._path(prefix.rstrip("/"))
         if base.is_dir():
-            count = sum(1 for p in base.rglob("*") if p.is_file())
+            # os.walk, not rglob: another process (the finalizer removing a job's parts while the
+            # job is deleted) may remove folders under us, which walk skips and rglob raises on
+            count = sum(len(files) for _, _, files in os.walk(base))
             shutil.rmtree(base, ignore_errors=True)
             return count
         count = 0
@@ -145,6 +156,16 @@ class S3Storage:
         except ClientError as exc:
             raise StorageError(f"no object {key!r}: {exc}") from exc
 
+    def open_read(self, key: str) -> BinaryIO:
+        """The object as a seekable file whose reads are ranged GETs (1 MiB buffered)."""
+        from botocore.exceptions import ClientError
+
+        try:
+            size = self.client.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"]
+        except ClientError as exc:
+            raise StorageError(f"no object {key!r}: {exc}") from exc
+        return io.BufferedReader(_RangedObject(self.client, self.bucket, self._key(key), size), 1 << 20)
+
     def copy(self, src: str, dst: str) -> None:
         """Server-side (no bytes through this process; managed: multipart above 5 GB)."""
         source = {"Bucket": self.bucket, "Key": self._key(src)}
@@ -180,6 +201,39 @@ class S3Storage:
         if filename:
             params["ResponseContentDisposition"] = f'attachment; filename="{filename}"'
         return self.client.generate_presigned_url("get_object", Params=params, ExpiresIn=self.ttl)
+
+
+class _RangedObject(io.RawIOBase):
+    """An S3 object read by ranges: what a seeking reader (PyAV decoding from a chapter) needs, without
+    downloading the whole file first. boto3's StreamingBody cannot seek; s3fs would add a dependency
+    tree for these few lines."""
+
+    def __init__(self, client, bucket: str, key: str, size: int) -> None:
+        self.client, self.bucket, self.key, self.size, self.pos = client, bucket, key, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def readinto(self, buffer) -> int:
+        if self.pos >= self.size or not len(buffer):
+            return 0
+        end = min(self.size, self.pos + len(buffer)) - 1
+        body = self.client.get_object(Bucket=self.bucket, Key=self.key, Range=f"bytes={self.pos}-{end}")["Body"]
+        data = body.read()
+        buffer[: len(data)] = data
+        self.pos += len(data)
+        return len(data)
 
 
 def storage_from_settings(settings: Settings) -> Storage:

@@ -92,3 +92,46 @@ def test_a_name_prefix_deletes_the_same_objects_locally_and_on_s3(kind, tmp_path
         True,
         True,
     ]
+
+
+def test_a_folder_deleted_meanwhile_by_another_process_is_no_error(tmp_path, monkeypatch):
+    """A job deleted while the finalizer removes its parts: the two remove the same folders at once
+    (seen in CI as a FileNotFoundError from the delete)."""
+    storage = LocalStorage(tmp_path)
+    storage.put_bytes("parts/job/a/000001-1.pcm", b"x")
+    storage.put_bytes("parts/job/b/000002-1.pcm", b"y")
+    real_scandir, base = os.scandir, str(tmp_path / "parts" / "job")
+
+    def scandir(path="."):
+        entries = list(real_scandir(path))
+        if str(path) == base:  # listed; then the other process removes a folder under it
+            import shutil
+
+            shutil.rmtree(tmp_path / "parts" / "job" / "b")
+        return _Entries(entries)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    assert storage.delete_prefix("parts/job/") == 1
+    assert not (tmp_path / "parts" / "job").exists()
+
+
+class _Entries:
+    """What os.scandir returns: an iterator and a context manager."""
+
+    def __init__(self, entries) -> None:
+        self._it = iter(entries)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self._it)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def close(self):
+        pass

@@ -30,6 +30,11 @@ def pcm(values) -> bytes:
 
 @pytest.fixture
 def harness(tmp_path):
+    return make_harness(tmp_path)
+
+
+def make_harness(tmp_path):
+    """An assembler on fakeredis and local storage; the finalize jobs it would queue are listed."""
     settings = Settings(redis_url="redis://unused", key_prefix="t", data_dir=tmp_path, block_ms=10)
     redis = fakeredis.FakeAsyncRedis()
     names = Names("t")
