@@ -18,6 +18,7 @@ from api.broadcast import BroadcastHub
 from api.limits import BodyLimit, max_body_bytes
 from api.links import LinkSigner, link_secret
 from api.routes import router
+from api.speech import router as speech_router
 from api.sse import EventHub
 from api.state import AppState
 from fleet.redis import async_client, sync_client
@@ -67,6 +68,7 @@ def create_app(
     )
     errors.install(app)
     app.include_router(router)
+    app.include_router(speech_router)  # POST /v1/audio/speech, OpenAI's shape (api/speech.py)
     app.add_middleware(
         BodyLimit,
         max_bytes=settings.max_body_bytes

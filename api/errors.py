@@ -1,6 +1,8 @@
 """The one table from domain errors to HTTP statuses, and the handlers that answer with it.
 
-Every error body is ``{"detail": "..."}`` (``Problem`` in api/schemas.py)."""
+Every error body is ``{"detail": "..."}`` (``Problem`` in api/schemas.py), except under
+``/v1/audio/`` (the OpenAI-compatible routes): there it is OpenAI's ``{"error": {"message", "type",
+"param", "code"}}``, which its clients read."""
 
 from __future__ import annotations
 
@@ -26,6 +28,14 @@ class UnsupportedMediaType(Exception):
     """A body in a content type the route does not read (415)."""
 
 
+class OpenAIError(Exception):
+    """An error of an OpenAI-compatible route, with OpenAI's ``param`` and ``code``."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.param, self.code = status, param, code
+
+
 class Unauthorized(Exception):
     """No key, a wrong or revoked key, or a link token that is not valid (401)."""
 
@@ -49,36 +59,55 @@ def status_of(error: JobError) -> int:
     return 400
 
 
-def problem(status: int, detail: str) -> JSONResponse:
-    return JSONResponse({"detail": detail}, status_code=status)
+#: OpenAI's error types by status.
+_OPENAI_TYPES = {401: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_exceeded"}
+OPENAI_PREFIX = "/v1/audio/"
 
 
-async def job_error(_: Request, exc: JobError) -> JSONResponse:
-    response = problem(status_of(exc), str(exc))
+def problem(status: int, detail: str, request: Request | None = None, headers: dict | None = None) -> JSONResponse:
+    if request is not None and request.url.path.startswith(OPENAI_PREFIX):
+        return openai_problem(status, detail, headers=headers)
+    return JSONResponse({"detail": detail}, status_code=status, headers=headers)
+
+
+def openai_problem(
+    status: int, message: str, param: str | None = None, code: str | None = None, headers: dict | None = None
+) -> JSONResponse:
+    # OpenAI answers a request it cannot take with 400 where this API says 422
+    status = 400 if status == 422 else status
+    kind = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+async def openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
+    return openai_problem(exc.status, str(exc), exc.param, exc.code)
+
+
+async def job_error(request: Request, exc: JobError) -> JSONResponse:
+    response = problem(status_of(exc), str(exc), request)
     if isinstance(exc, QuotaExceeded):
         response.headers["Retry-After"] = str(exc.retry_after_s)
     return response
 
 
-async def bad_body(_: Request, exc: RequestValidationError) -> JSONResponse:
+async def bad_body(request: Request, exc: RequestValidationError) -> JSONResponse:
     errors = exc.errors()
     if any(e.get("type") == "json_invalid" for e in errors):
-        return problem(400, "the request body is not valid JSON")
+        return problem(400, "the request body is not valid JSON", request)
     parts = []
     for e in errors:
         where = ".".join(str(p) for p in e.get("loc", ()) if p != "body")
         parts.append(f"{where or 'body'}: {e.get('msg')}")
-    return problem(422, "; ".join(parts))
+    return problem(422, "; ".join(parts), request)
 
 
-async def unsupported_media(_: Request, exc: UnsupportedMediaType) -> JSONResponse:
-    return problem(415, str(exc))
+async def unsupported_media(request: Request, exc: UnsupportedMediaType) -> JSONResponse:
+    return problem(415, str(exc), request)
 
 
-async def unauthorized(_: Request, exc: Unauthorized) -> JSONResponse:
-    response = problem(401, str(exc))
-    response.headers["WWW-Authenticate"] = 'Bearer realm="narrate"'
-    return response
+async def unauthorized(request: Request, exc: Unauthorized) -> JSONResponse:
+    return problem(401, str(exc), request, headers={"WWW-Authenticate": 'Bearer realm="narrate"'})
 
 
 async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -92,7 +121,7 @@ async def http_error(request: Request, exc: StarletteHTTPException) -> JSONRespo
             if match != Match.NONE:
                 methods |= set(getattr(route, "methods", None) or ())
         headers["Allow"] = ", ".join(sorted(methods))
-    return JSONResponse({"detail": str(exc.detail)}, status_code=exc.status_code, headers=headers)
+    return problem(exc.status_code, str(exc.detail), request, headers=headers)
 
 
 def install(app: FastAPI) -> None:
@@ -100,4 +129,5 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, bad_body)
     app.add_exception_handler(UnsupportedMediaType, unsupported_media)
     app.add_exception_handler(Unauthorized, unauthorized)
+    app.add_exception_handler(OpenAIError, openai_error)
     app.add_exception_handler(StarletteHTTPException, http_error)

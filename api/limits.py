@@ -28,8 +28,12 @@ def max_body_bytes(max_text_chars: int, max_cover_bytes: int = 0, max_upload_byt
     return content + -(-max_cover_bytes // 3) * 4 + ENVELOPE_BYTES
 
 
-async def _refuse(send, status: int, detail: str) -> None:
-    body = json.dumps({"detail": detail}).encode()
+async def _refuse(send, status: int, detail: str, path: str = "") -> None:
+    # the OpenAI-compatible routes answer in OpenAI's shape (api/errors.py)
+    if path.startswith("/v1/audio/"):
+        body = json.dumps({"error": {"message": detail, "type": "invalid_request_error", "param": None, "code": None}}).encode()
+    else:
+        body = json.dumps({"detail": detail}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send(
         {"type": "http.response.start", "status": status, "headers": headers + [(b"connection", b"close")]}
@@ -50,10 +54,10 @@ class BodyLimit:
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None:
             if not length.isdigit():
-                await _refuse(send, 400, "Content-Length is not a number")
+                await _refuse(send, 400, "Content-Length is not a number", scope["path"])
                 return
             if int(length) > self.max_bytes:
-                await _refuse(send, 413, too_large)
+                await _refuse(send, 413, too_large, scope["path"])
                 return
         # 1) read the body, counting; 2) hand it to the app as one message
         chunks: list[bytes] = []
@@ -65,7 +69,7 @@ class BodyLimit:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
-                await _refuse(send, 413, too_large)
+                await _refuse(send, 413, too_large, scope["path"])
                 return
             chunks.append(chunk)
             more = message.get("more_body", False)

@@ -111,7 +111,7 @@ def _parse_body(raw: bytes, model: type[BaseModel], fields: dict | None = None):
         raise RequestValidationError(exc.errors(include_url=False, include_input=False)) from None
 
 
-def _read_job(body: JobCreate, form: FormBody | None, named, tenant: str, settings, max_text_chars: int):
+def read_job(body: JobCreate, form: FormBody | None, named, tenant: str, settings, max_text_chars: int):
     """The body as a job and its plan: reading an uploaded book, validation and segmentation,
     which for a whole book take long enough that they run in a thread, never on the event loop."""
     request = body.to_request(tenant, settings, form.upload if form else None, named)
@@ -196,16 +196,30 @@ async def create_job(
     body = await asyncio.to_thread(_parse_body, raw, JobCreate, form.fields if form else None)
     named = await st.lexicons.resolve(who.tenant, body.lexicons) if body.lexicons else []
     job, plan, cover, encoded = await asyncio.to_thread(
-        _read_job, body, form, named, who.tenant, st.settings, limits.max_text_chars
+        read_job, body, form, named, who.tenant, st.settings, limits.max_text_chars
     )
     claim = None
     if idempotency_key is not None:
         claim = Idempotency(st.store.redis, st.store.names, who.tenant, idempotency_key, raw)
         if (earlier := await claim.claim()) is not None:
             return JobAccepted.of(existing := await service.get(st.store, earlier, who), links(st, existing))
-    try:  # 1) a job slot, 2) the day's characters (a refused job spends none), 3) store and queue
+    try:
+        await submit(st, job, plan, cover, encoded, limits)
+    except BaseException:
+        if claim is not None:
+            await claim.release()
+        raise
+    if claim is not None:
+        await claim.bind(job.id)
+    return JobAccepted.of(job, links(st, job))
+
+
+async def submit(st: AppState, job: Job, plan, cover, encoded, limits) -> None:
+    """1) a job slot, 2) the day's characters (a refused job spends none), 3) store and queue; what
+    was taken is given back if a step fails."""
+    try:
         await service.reserve_slot(st.store, job, limits.concurrent_jobs)
-        await st.quotas.characters(who.tenant, limits.chars_per_day, job.text_chars)
+        await st.quotas.characters(job.tenant, limits.chars_per_day, job.text_chars)
         await service.store_cover(st.storage, job, cover)
         reuse = service.Reuse(st.cache, lambda job_id: asyncio.to_thread(enqueue_finalize, st.settings, job_id, st.rq))
         await service.enqueue(st.store, job, plan, weight=limits.weight, encoded=encoded, reuse=reuse)
@@ -213,12 +227,7 @@ async def create_job(
         await st.store.release_job_slot(job.tenant, job.id)
         if job.cover:
             await asyncio.to_thread(st.storage.delete_prefix, job.objects.outputs_prefix)
-        if claim is not None:
-            await claim.release()
         raise
-    if claim is not None:
-        await claim.bind(job.id)
-    return JobAccepted.of(job, links(st, job))
 
 
 def _read_contents(raw: bytes, form: FormBody | None, settings) -> BookContents:
