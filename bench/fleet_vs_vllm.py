@@ -35,6 +35,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import first_byte  # noqa: E402
+
 ORPHEUS_3B_CONFIG = dict(
     architectures=["LlamaForCausalLM"],
     model_type="llama",
@@ -532,6 +534,12 @@ def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int) -> dict
             ttfa.append(watcher.first[job_id] - t0)
             ttfa_stages.append(watcher.stages(job_id, t0))
             print(f"TTFA run {i}: " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in ttfa_stages[-1].items()))
+        voice = {m["name"]: m for m in client.get("/v1/models").json()}[model]["default_voice"]
+        first_byte_idle = (
+            first_byte.measure(client, model, voice, args.first_byte_runs, "idle") if args.first_byte_runs else None
+        )
+        if first_byte_idle:
+            print(f"RESULT first byte at an HTTP client, idle fleet: {json.dumps(first_byte_idle)}", flush=True)
         sampler = QueueSampler(
             settings.redis_url,
             {
@@ -546,6 +554,11 @@ def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int) -> dict
         t0 = time.perf_counter()
         ids = [submit(text, seed=i)[0] for i, text in enumerate(texts)]
         shorts = ShortJobs(base, settings.default_model, t0, args.short_jobs, args.short_after_s, args.short_every_s)
+        first_byte_loaded = None
+        if args.first_byte_runs:  # while the books render (the short jobs' thread runs beside)
+            time.sleep(args.short_after_s)
+            first_byte_loaded = first_byte.measure(client, model, voice, args.first_byte_runs, "loaded")
+            print(f"RESULT first byte at an HTTP client, while the books render: {json.dumps(first_byte_loaded)}", flush=True)
         diagnosis = pause_decoders(args, sup, watcher, resources, t0) if args.pause_decoders_s else None
         profilers = start_profilers(args, sup, Path(args.out))
         books = wait(ids, args.timeout, partial=True)
@@ -599,6 +612,8 @@ def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int) -> dict
             "short_jobs_first_audio_s": short_first_audio,
             "short_jobs_done_s": [shorts.done_after(j) for j in jobs[len(ids):]],
             "short_jobs_stages_s": [watcher.stages(job_id, t) for job_id, t in shorts.submitted],
+            "first_byte_idle": first_byte_idle,
+            "first_byte_loaded": first_byte_loaded,
             "queue_peaks": sampler.peak,
             "redis_memory_peak_mb": sampler.memory_peak / 2**20,
             "resources_steady": steady,
@@ -912,6 +927,8 @@ def fleet_summary(run: dict, change: dict) -> dict:
         "queue_peaks": run["queue_peaks"],
         "short_jobs_first_audio_s": run["short_jobs_first_audio_s"],
         "short_jobs_done_s": run["short_jobs_done_s"],
+        "first_byte_idle": run["first_byte_idle"],
+        "first_byte_loaded": run["first_byte_loaded"],
     }
 
 
@@ -980,6 +997,10 @@ def main() -> int:
         help="raw vLLM's max_num_seqs, where it differs from one AR engine's (default: the same)",
     )
     parser.add_argument("--short-jobs", type=int, default=0, help="2-sentence jobs submitted while the books render")
+    parser.add_argument(
+        "--first-byte-runs", type=int, default=0,
+        help="POST to first audio byte at an HTTP client (live stream, /v1/audio/speech): runs idle and while the books render",
+    )  # fmt: skip
     parser.add_argument("--short-after-s", type=float, default=8.0, help="the first one this long after the books")
     parser.add_argument("--short-every-s", type=float, default=6.0, help="and the next ones this far apart")
     parser.add_argument("--assemblers", type=int, default=1)
@@ -1124,6 +1145,8 @@ def main() -> int:
         "first_audio_under_load_s": fleet["first_audio_under_load_s"],
         "short_jobs_first_audio_s": fleet["short_jobs_first_audio_s"],
         "short_jobs_done_s": fleet["short_jobs_done_s"],
+        "first_byte_idle": fleet["first_byte_idle"],
+        "first_byte_loaded": fleet["first_byte_loaded"],
         "queue_peaks": fleet["queue_peaks"],
         "redis_memory_peak_mb": fleet["redis_memory_peak_mb"],
         "fleet_timeline": fleet["timeline"],
