@@ -60,13 +60,20 @@ def percentiles(values: list[float]) -> dict:
             "max_ms": round(max(values) * 1000, 1), "all_ms": [round(v * 1000, 1) for v in values]}  # fmt: skip
 
 
-def measure(client: httpx.Client, model: str, voice: str, runs: int, tag: str) -> dict:
-    """``runs`` of each, interleaved; a different sentence each time (no segment cache in the way)."""
+def measure(client: httpx.Client, model: str, voice: str, runs: int, tag: str, settle_s: float = 0.5) -> dict:
+    """``runs`` of each, interleaved; a different sentence each time (no segment cache in the way).
+    Each measured job is deleted after its first byte (a speech request's goes with its response)
+    and the next starts ``settle_s`` later: runs do not queue behind each other's rendering, so on an
+    otherwise idle fleet each one meets an idle fleet."""
     streams, speech = [], []
     for k in range(runs):
         text = f"Run {k} {tag}: the keeper lit the lamp, and the harbour went quiet."
-        streams.append(stream_first_byte(client, {"text": text, "model": model, "priority": "interactive"})[1])
+        job_id, seconds = stream_first_byte(client, {"text": text, "model": model, "priority": "interactive"})
+        streams.append(seconds)
+        client.delete(f"/v1/jobs/{job_id}")
+        time.sleep(settle_s)
         speech.append(speech_first_byte(client, {"model": model, "voice": voice, "input": text + " Again."}))
+        time.sleep(settle_s)
     return {"stream": percentiles(streams), "speech": percentiles(speech)}
 
 

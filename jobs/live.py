@@ -58,6 +58,7 @@ class LiveAudio:
     #: The model's sample rate: what every piece is at.
     rate: int
     poll_s: float = 0.04
+    _started: bool = False  # the listener has had audio
 
     def first_segment(self, chapter: int) -> int:
         """Where chapter ``chapter`` (from 1) starts, or ``InvalidRequest``."""
@@ -130,9 +131,11 @@ class LiveAudio:
                     skip -= drop
                     if pcm.size > drop:
                         sent += pcm.size - drop
+                        self._started = True
                         yield pcm[drop:]
             if fresh < CHUNKS_PER_READ:
-                await asyncio.sleep(self.poll_s)
+                # until the listener's first audio, four times as often: that wait is the stream's latency
+                await asyncio.sleep(self.poll_s if self._started else self.poll_s / 4)
 
     async def _part(self, index: int, attempt: int, status: JobStatus | None) -> np.ndarray:
         reused = self.plan.reused.get(index)  # from the segment cache (jobs/segcache.py)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import threading
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -75,7 +76,9 @@ class _Sink:
 
 class StreamEncoder:
     """``feed`` int16 mono PCM at ``in_rate``; each call returns the stream's new bytes (maybe none
-    yet: codecs keep a frame back); ``close`` returns the rest."""
+    yet: codecs keep a frame back); ``close`` returns the rest. Thread-safe: a long piece is fed
+    from a worker thread while the listener may leave (``abort`` on the event loop); FFmpeg's muxer
+    closed under a running ``mux`` crashes the process, so one lock orders them."""
 
     def __init__(self, fmt: StreamFormat, in_rate: int, tempo: float = 1.0) -> None:
         self.format = fmt
@@ -98,8 +101,14 @@ class StreamEncoder:
                 self._stream.bit_rate = fmt.kbps * 1000
         self._written = 0
         self.samples = 0  # at self.rate, before the tempo
+        self._lock = threading.Lock()
+        self._ended = False
 
     def feed(self, pcm: np.ndarray) -> bytes:
+        with self._lock:
+            return b"" if self._ended else self._feed(pcm)
+
+    def _feed(self, pcm: np.ndarray) -> bytes:
         if self._resampler is not None:
             pcm = self._resampler.resample_chunk(pcm)
         self.samples += int(pcm.size)
@@ -109,6 +118,13 @@ class StreamEncoder:
         return self._sink.take()
 
     def close(self) -> bytes:
+        with self._lock:
+            if self._ended:
+                return b""
+            self._ended = True
+            return self._close()
+
+    def _close(self) -> bytes:
         if self._resampler is not None:
             tail = self._resampler.resample_chunk(np.zeros(0, dtype=np.int16), last=True)
             self.samples += int(tail.size)
@@ -122,10 +138,15 @@ class StreamEncoder:
         return self._sink.take()
 
     def abort(self) -> None:
-        """Drop the encoder without finishing the stream (the listener left)."""
-        if self._container is not None:
-            with contextlib.suppress(Exception):  # nothing is listening any more
-                self._container.close()
+        """Drop the encoder without finishing the stream (the listener left); waits for a ``feed``
+        under way (one piece's encode)."""
+        with self._lock:
+            if self._ended:
+                return
+            self._ended = True
+            if self._container is not None:
+                with contextlib.suppress(Exception):  # nothing is listening any more
+                    self._container.close()
 
     def _encode(self, pcm: np.ndarray) -> None:
         if not pcm.size:
