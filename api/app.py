@@ -17,6 +17,7 @@ from api import errors
 from api.broadcast import BroadcastHub
 from api.limits import BodyLimit, max_body_bytes
 from api.links import LinkSigner, link_secret
+from api.metrics import router as metrics_router
 from api.routes import router
 from api.speech import router as speech_router
 from api.sse import EventHub
@@ -69,6 +70,7 @@ def create_app(
     errors.install(app)
     app.include_router(router)
     app.include_router(speech_router)  # POST /v1/audio/speech, OpenAI's shape (api/speech.py)
+    app.include_router(metrics_router)  # GET /metrics for Prometheus (api/metrics.py, docs/metrics.md)
     app.add_middleware(
         BodyLimit,
         max_bytes=settings.max_body_bytes

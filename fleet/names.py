@@ -110,6 +110,11 @@ class Names:
         left when the finalize ends the job. The sweep (jobs/sweep.py) looks here for lost finalizes."""
         return f"{self.prefix}:finalizing"
 
+    def counters(self) -> str:
+        """Hash: fleet-wide counters that Prometheus reads through the API's /metrics (jobs/metrics.py):
+        ``jobs_ended:<state>`` -> jobs that ended so (done, failed, cancelled)."""
+        return f"{self.prefix}:counters"
+
     def sweep_lock(self) -> str:
         """String with a TTL of one sweep interval: the worker that set it runs this interval's sweep."""
         return f"{self.prefix}:sweep"

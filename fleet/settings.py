@@ -221,6 +221,14 @@ class Settings(BaseSettings):
     #: POST /v1/audio/speech: the longest input (OpenAI's limit).
     speech_max_chars: int = Field(default=4096, gt=0)
 
+    # --- metrics (docs/metrics.md) ----------------------------------------------------------------
+    #: Port of a worker process's own Prometheus endpoint (``/metrics``: its counters, histograms and
+    #: process metrics); 0: none. ``narrate fleet`` gives its worker children this port and the next
+    #: ones, one each in order. The API serves ``/metrics`` on its own port whatever this says.
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    #: Address the worker endpoints listen on (0.0.0.0 in containers, for Prometheus to reach them).
+    metrics_host: str = "127.0.0.1"
+
     def decode_linger_s(self) -> float:
         if self.decode_linger_ms is not None:
             return self.decode_linger_ms / 1000

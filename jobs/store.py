@@ -327,6 +327,8 @@ class JobStore:
         owner = [v.decode() for v in await self._end_job(keys, args)]
         if owner:
             tenant, model, priority, shard = owner
+            # once per job, by whoever ended it: narrate_jobs_ended_total (jobs/metrics.py)
+            await self.redis.hincrby(n.counters(), f"jobs_ended:{status.value}", 1)
             await self.clear_scratch(job_id)
             await self.release_job_slot(tenant, job_id)
             if model:

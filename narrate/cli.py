@@ -201,6 +201,7 @@ def cmd_fleet(args: argparse.Namespace, settings: Settings) -> int:
             models=list(settings.model_names),
             api_port=args.port,
             speech_workers=args.speech_workers or settings.speech_worker_count,
+            metrics_port=settings.metrics_port,  # a port each (docs/metrics.md)
         )
         supervisor = Supervisor(children, child_env(settings))
         stack.callback(supervisor.stop)

@@ -236,6 +236,7 @@ def _start_workers(settings: Settings, stack: ExitStack):
         finalizers=1,
         models=[settings.default_model],
         speech_workers=settings.speech_worker_count,
+        metrics_port=settings.metrics_port,
     )
     supervisor = Supervisor(children, child_env(settings), log_dir=settings.data_dir / "logs")
     stack.callback(supervisor.stop)

@@ -32,6 +32,8 @@ class Child:
     started_at: float = field(default=0.0)
     #: Exit codes of its earlier processes, oldest first (70: it stopped on a fatal error).
     exits: list[int] = field(default_factory=list)
+    #: Its own environment variables, over the supervisor's (e.g. its metrics port).
+    env: dict[str, str] = field(default_factory=dict)
 
 
 def free_port() -> int:
@@ -68,7 +70,8 @@ class Supervisor:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             out = open(self.log_dir / f"{child.name}.log", "ab")  # noqa: SIM115 - closed in stop()
             self._logs.append(out)
-        child.process = spawn(child.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT if out else None)
+        env = {**self.env, **child.env} if child.env else self.env
+        child.process = spawn(child.argv, env=env, stdout=out, stderr=subprocess.STDOUT if out else None)
         child.started_at = time.monotonic()
         log.info("started %s (pid %d)", child.name, child.process.pid)
 
@@ -124,9 +127,12 @@ def fleet_children(
     models: list[str],
     api_port: int | None = None,
     speech_workers: int = 1,
+    metrics_port: int = 0,
 ) -> list[Child]:
     """The children of a fleet: AR workers (per model) and decoders for two-stage models, speech
-    workers for single-stage ones (models/single_stage.py), and the stages every job goes through."""
+    workers for single-stage ones (models/single_stage.py), and the stages every job goes through.
+    ``metrics_port`` > 0: each worker child serves its metrics on its own port, this one and the next
+    ones in order (the API serves /metrics on its own port)."""
     from models.registry import MODELS
 
     single = [m for m in models if m in MODELS and MODELS[m].single_stage]
@@ -146,6 +152,11 @@ def fleet_children(
         children.append(Child(f"assembler-{i}", cli_argv("assembler")))
     for i in range(finalizers):
         children.append(Child(f"finalizer-{i}", cli_argv("finalize-worker")))
+    if metrics_port:
+        workers = [c for c in children if c.name != "api"]
+        for offset, child in enumerate(workers):
+            port = metrics_port + offset
+            child.env["NARRATE_METRICS_PORT"] = str(port if port <= 65535 else 0)  # past the last: none
     return children
 
 

@@ -144,6 +144,7 @@ def start_fleet(
         models=list(settings.model_names),
         api_port=port,
         speech_workers=speech_workers,
+        metrics_port=settings.metrics_port,  # each worker its own port from there (0: none)
     )
     supervisor = Supervisor(children, child_env(settings), log_dir=log_dir, max_backoff_s=max_backoff_s)
     supervisor.start()

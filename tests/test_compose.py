@@ -70,3 +70,79 @@ def test_two_ar_engines_share_one_gpu():
     replicas = int(ar["deploy"]["replicas"].removeprefix("${NARRATE_AR_WORKERS:-").removesuffix("}"))
     share = float(ar["environment"]["NARRATE_VLLM_GPU_MEMORY_UTILIZATION"].split(":-")[1].rstrip("}"))
     assert replicas == 2 and replicas * share <= 0.8
+
+
+# --- Prometheus (docs/metrics.md) -------------------------------------------------------------------
+
+#: The commands whose processes serve their own /metrics on NARRATE_METRICS_PORT (workers/metrics.py).
+WORKER_COMMANDS = {"ar-worker", "decoder-worker", "speech-worker", "assembler", "finalize-worker"}
+
+
+def prometheus_config() -> dict:
+    """The scrape config the compose file's prometheus service is given (mounted where it reads it)."""
+    service = COMPOSE["services"]["prometheus"]
+    (config_file,) = [a.split("=", 1)[1] for a in service["command"] if a.startswith("--config.file=")]
+    (source,) = [v.split(":")[0] for v in service["volumes"] if v.split(":")[1] == config_file]
+    return yaml.safe_load((Path(__file__).parents[1] / source).read_text())
+
+
+def scrape_jobs() -> dict[str, dict]:
+    jobs = prometheus_config()["scrape_configs"]
+    assert len({j["job_name"] for j in jobs}) == len(jobs)
+    return {j["job_name"]: j for j in jobs}
+
+
+def narrate_services(commands: set[str]) -> dict[str, dict]:
+    return {
+        name: s
+        for name, s in COMPOSE["services"].items()
+        if s.get("command", [None])[0] == "narrate" and s["command"][1] in commands
+    }
+
+
+def test_prometheus_is_a_service_with_its_config_in_the_repo():
+    service = COMPOSE["services"]["prometheus"]
+    assert service["image"].startswith("prom/prometheus:")
+    assert "api" in service["depends_on"]
+    assert prometheus_config()["global"]["scrape_interval"]
+
+
+def test_the_api_is_scraped_on_its_port_and_path():
+    (api,) = narrate_services({"api"}).values()
+    port = api["command"][api["command"].index("--port") + 1]
+    job = scrape_jobs()["api"]
+    assert job.get("metrics_path", "/metrics") == "/metrics"
+    assert [t for c in job["static_configs"] for t in c["targets"]] == [f"api:{port}"]
+
+
+@pytest.mark.parametrize("name", sorted(narrate_services(WORKER_COMMANDS)))
+def test_every_worker_service_serves_metrics_and_is_scraped_there(name):
+    service = COMPOSE["services"][name]
+    env = service["environment"]
+    port = int(env["NARRATE_METRICS_PORT"])
+    assert port > 0 and env["NARRATE_METRICS_HOST"] == "0.0.0.0"  # reachable from Prometheus' container
+    # every replica of the service: its name resolves to each of them (A records), all on that port
+    found = [
+        (job, sd)
+        for job in scrape_jobs().values()
+        for sd in job.get("dns_sd_configs", [])
+        if name in sd["names"]
+    ]
+    assert len(found) == 1, f"{name} is scraped by {len(found)} jobs"
+    job, sd = found[0]
+    assert sd["type"] == "A" and sd["port"] == port
+    assert job.get("metrics_path", "/metrics") == "/metrics"
+
+
+def test_every_scraped_name_is_a_service():
+    targets = {
+        t.split(":")[0]
+        for j in scrape_jobs().values()
+        for c in j.get("static_configs", [])
+        for t in c["targets"]
+    }
+    names = {n for j in scrape_jobs().values() for sd in j.get("dns_sd_configs", []) for n in sd["names"]}
+    assert targets | names <= set(COMPOSE["services"])
+    assert names == set(narrate_services(WORKER_COMMANDS))
+    everything = {n for n, s in COMPOSE["services"].items() if s.get("command", [None])[0] == "narrate"}
+    assert everything == names | {"api"}  # every fleet process is scraped

@@ -28,6 +28,7 @@ from models.engines.base import Engine, FrameConstraint, SamplingParams
 from models.family import CodecLMFamily, TextTokenizer
 from models.runaway import NEVER_STOPS, REPEATS, RepeatDetector, RunawayError, retry_seed
 from models.streaming import FrameChunker, Window
+from workers import metrics
 from workers.errors import PermanentError
 from workers.runtime import WorkerContext, every
 from workers.stage import Stage, Work, first_of
@@ -174,6 +175,9 @@ class ARWorker(Stage[SegmentTask]):
         self._admit_at: float | None = None  # with ar_admit_batch > 1: when free slots are taken anyway
         self._frames_published = 0
         self._throughput_mark = (time.monotonic(), 0)
+        metrics.SLOTS.labels(self.kind, model).set(max_in_flight + interactive_slots)
+        metrics.SLOTS_IN_USE.labels(self.kind, model).set_function(lambda: len(self._segments))
+        self._frames_counter = metrics.AR_FRAMES.labels(model)
         log.info("AR worker for %s: up to %d segments in flight", model, max_in_flight)
 
     def chores(self):
@@ -308,8 +312,10 @@ class ARWorker(Stage[SegmentTask]):
         if task.retry < self.ctx.settings.runaway_retries:
             log.warning("runaway %s: %s; retrying with another seed", where, exc)
             await self.ctx.store.retry_runaway(task, attempt, exc.kind, exc.detail)
+            metrics.RUNAWAYS.labels(self.kind, exc.kind, "retry").inc()
         else:
             log.warning("runaway %s: %s; no retries left, keeping it flagged", where, exc)
+            metrics.RUNAWAYS.labels(self.kind, exc.kind, "flag").inc()
             await self.ctx.store.flag_segment(task.job_id, task.segment, exc.kind, exc.detail, task.retry)
             await self._publish(task, attempt, exc.flush)
 
@@ -330,7 +336,9 @@ class ARWorker(Stage[SegmentTask]):
             for w in windows
         ]
         await self.transport.publish(self.codes_stream, chunks)
-        self._frames_published += sum(w.new_frames for w in windows)
+        frames = sum(w.new_frames for w in windows)
+        self._frames_published += frames
+        self._frames_counter.inc(frames)
 
 
 async def run_ar_worker(ctx: WorkerContext, model: str) -> None:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections import OrderedDict
 from collections.abc import Callable
 
 from fleet.messages import AudioChunk
@@ -27,11 +29,15 @@ from jobs.service import segment_task
 from jobs.sweep import Sweeper
 from models.registry import MODELS
 from models.runaway import SILENCE, level_dbfs
+from workers import metrics
 from workers.runtime import WorkerContext, every
 from workers.stage import Stage, Work
 from workers.transport import Transport
 
 log = logging.getLogger(__name__)
+
+#: Jobs whose first audio this assembler has timed (a redelivered first chunk is not timed again).
+FIRST_AUDIO_REMEMBERED = 4096
 
 
 class Assembler(Stage[AudioChunk]):
@@ -51,6 +57,7 @@ class Assembler(Stage[AudioChunk]):
         super().__init__(ctx, [ctx.names.audio()], transport=transport)
         self.enqueue = enqueue  # queues the finalize job (RQ); idempotent
         self.sweeper: Sweeper | None = None  # made on the first sweep (it needs RQ's connection)
+        self._first_audio_seen: OrderedDict[str, None] = OrderedDict()
 
     def chores(self):
         s = self.ctx.settings
@@ -73,10 +80,25 @@ class Assembler(Stage[AudioChunk]):
         # idempotent: a batch interrupted by an outage is redone
         chunk = work.message
         state = await self.ctx.store.add_delta(chunk)
+        if chunk.segment == 0 and chunk.seq == 0 and state in ("partial", "complete"):
+            await self._first_audio(chunk.job_id)
         if state == "complete":
             await self.complete_segment(chunk)
         elif state == "finalizing":  # a redelivery after the last segment: make sure finalize is queued
             await self._finalize(chunk.job_id)
+
+    async def _first_audio(self, job_id: str) -> None:
+        """The job's first audio is stored (a listener can play it from now on): time it from the job's
+        creation, once per job (one read of the job hash, once per job)."""
+        seen = self._first_audio_seen
+        if job_id in seen:
+            return
+        seen[job_id] = None
+        if len(seen) > FIRST_AUDIO_REMEMBERED:
+            seen.popitem(last=False)
+        job = await self.ctx.store.get(job_id)
+        if job is not None and job.created_at > 0:
+            metrics.FIRST_AUDIO.labels(job.model).observe(max(time.time() - job.created_at, 0.0))
 
     async def _finalize(self, job_id: str) -> None:
         await self.ctx.store.mark_finalizing(job_id)  # first: the sweep finds a finalize that got lost
@@ -96,6 +118,9 @@ class Assembler(Stage[AudioChunk]):
         result = await store.segment_done(
             chunk.job_id, chunk.segment, chunk.attempt, samples, samples / chunk.sample_rate
         )
+        if result.applied:
+            metrics.SEGMENTS.labels(job.model).inc()
+            metrics.AUDIO_SECONDS.labels(job.model).inc(samples / chunk.sample_rate)
         if not result.keeps_part_of(chunk.attempt):  # another attempt won, or the job is over
             await asyncio.to_thread(self.ctx.storage.delete_prefix, key)
         if result.job_complete:
@@ -119,8 +144,10 @@ class Assembler(Stage[AudioChunk]):
             plan = await self.ctx.store.plan(job.id)
             task = segment_task(job, plan.segments[chunk.segment], retry=chunk.retry)
             await self.ctx.store.retry_runaway(task, chunk.attempt, SILENCE, detail)
+            metrics.RUNAWAYS.labels(self.kind, SILENCE, "retry").inc()
             return True
         await self.ctx.store.flag_segment(job.id, chunk.segment, SILENCE, detail, chunk.retry)
+        metrics.RUNAWAYS.labels(self.kind, SILENCE, "flag").inc()
         return False
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from fleet.messages import AudioChunk, CodeChunk, header_of
 from fleet.names import DECODER_GROUP
 from models.snac_codec import to_pcm16
+from workers import metrics
 from workers.errors import PermanentError
 from workers.runtime import WorkerContext, every
 from workers.stage import Stage, Work
@@ -150,8 +151,12 @@ class DecoderWorker(Stage[CodeChunk]):
         stats.busy_s += time.perf_counter() - started
         stats.batches += 1
         stats.chunks += len(audio)
-        stats.audio_s += sum(a.samples / a.sample_rate for a in audio)
+        seconds = [a.samples / a.sample_rate for a in audio]
+        stats.audio_s += sum(seconds)
         await self.transport.publish(self.ctx.names.audio(), [a.encode() for a in audio])
+        metrics.DECODER_BATCH.observe(len(audio))
+        for w, s in zip(work, seconds, strict=True):
+            metrics.AUDIO_PRODUCED.labels(self.kind, w.message.model).inc(s)
 
 
 async def run_decoder_worker(ctx: WorkerContext, models: list[str]) -> None:

@@ -1,4 +1,5 @@
-"""The finalize worker: a plain RQ worker on the fleet's finalize queue (retries, timeouts, failures).
+"""The finalize worker: an RQ worker on the fleet's finalize queue (retries, timeouts, failures),
+measuring each finalize for its metrics endpoint (workers/metrics.py).
 
 RQ's own scheduler (which queues retries whose wait is over) would run in a forked process that
 outlives a killed worker; here it runs as a thread of the worker (RQ's ``RQScheduler``, driven as
@@ -9,21 +10,57 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
+from fleet.names import Names
 from fleet.redis import sync_client
 from fleet.settings import Settings
+from workers import metrics
 
 log = logging.getLogger(__name__)
 
 
-def run_finalize_worker(settings: Settings, burst: bool = False) -> int:
-    from rq import Queue, Worker
+def measured_worker_class(names: Names):
+    """RQ's worker, measuring each finalize in this process (the work horse RQ forks for it exits with
+    whatever it counted): how long it took, and the narration job's state after it (one read)."""
+    from rq import Worker
 
+    class MeasuredWorker(Worker):
+        def execute_job(self, job, queue):
+            started = time.perf_counter()
+            try:
+                return super().execute_job(job, queue)
+            finally:
+                self._measure(job, time.perf_counter() - started)
+
+        def _measure(self, job, seconds: float) -> None:
+            try:
+                job_id = job.args[0]
+                raw = self.connection.hget(names.job(job_id), "status")
+            except Exception:  # noqa: BLE001 - metrics never fail a finalize
+                log.debug("could not read the state after finalize %s", job.id, exc_info=True)
+                return
+            status = raw.decode() if raw else ""
+            outcome = {"done": "done", "failed": "failed", "finalizing": "retry"}.get(status, "other")
+            metrics.FINALIZES.labels(outcome).inc()
+            if outcome == "done":
+                metrics.STAGE_WORK.labels("finalize").observe(seconds)
+            elif outcome == "retry":  # RQ runs it again after its interval (or gave up: the sweep sees)
+                metrics.RETRIES.labels("finalize").inc()
+
+    return MeasuredWorker
+
+
+def run_finalize_worker(settings: Settings, burst: bool = False) -> int:
+    from rq import Queue
+
+    metrics.serve(settings, "finalize worker")
     connection = sync_client(settings)  # RQ pickles payloads: a client without decode_responses
     queue = Queue(settings.finalize_queue, connection=connection)
     # Registry maintenance (which retries or fails the job of a worker that was killed mid-finalize,
     # once its timeout has passed) every minute instead of RQ's default ten.
-    worker = Worker([queue], connection=connection, maintenance_interval=60)
+    worker_class = measured_worker_class(Names(settings.key_prefix))
+    worker = worker_class([queue], connection=connection, maintenance_interval=60)
     stop = threading.Event()
     scheduler = threading.Thread(
         target=schedule, args=(settings, queue.name, stop), name="rq-scheduler", daemon=True

@@ -136,7 +136,10 @@ def configure_torch(settings: Settings) -> None:
 def run_worker(settings: Settings, main: Callable[[WorkerContext], Awaitable[None]]) -> int:
     """Run ``main`` until it returns or SIGTERM/SIGINT asks it to stop (it should then wind down).
     Returns the exit code: 0, or ``FATAL_EXIT_CODE`` when the worker stopped because it cannot serve
-    (its supervisor restarts it)."""
+    (its supervisor restarts it). With ``metrics_port`` set, the process serves its metrics there."""
+    from workers import metrics
+
+    metrics.serve(settings, "worker")
 
     async def runner() -> int:
         ctx = WorkerContext.create(settings)

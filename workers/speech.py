@@ -25,6 +25,7 @@ import numpy as np
 from fleet.messages import AudioChunk, SegmentTask
 from fleet.names import SPEECH_GROUP
 from models.single_stage import SingleStageFamily
+from workers import metrics
 from workers.errors import PermanentError
 from workers.runtime import WorkerContext
 from workers.stage import Stage, Work
@@ -112,6 +113,10 @@ class SpeechWorker(Stage[SegmentTask]):
             admit_models=models,
         )
         self.speakers = speakers
+        self._speaking = 0  # segments being synthesized now (one engine: 0 or 1)
+        label = ",".join(models)  # one engine serves them all
+        metrics.SLOTS.labels(self.kind, label).set(1)
+        metrics.SLOTS_IN_USE.labels(self.kind, label).set_function(lambda: self._speaking)
         log.info("speech worker for %s", ", ".join(models))
 
     def check(self, task: SegmentTask) -> None:
@@ -124,10 +129,15 @@ class SpeechWorker(Stage[SegmentTask]):
         task = work.message
         attempt = await self.ctx.store.start_segment(task.job_id, task.segment)
         if attempt:
-            await self._speak(task, attempt)
+            self._speaking += 1
+            try:
+                await self._speak(task, attempt)
+            finally:
+                self._speaking -= 1
 
     async def _speak(self, task: SegmentTask, attempt: int) -> None:
         speaker = self.speakers[task.model]
+        produced = metrics.AUDIO_PRODUCED.labels(self.kind, task.model)
         seq = samples = 0
         async for pcm, final in speaker.pieces(task):
             samples += pcm.size
@@ -141,6 +151,7 @@ class SpeechWorker(Stage[SegmentTask]):
                 pcm.astype("<i2", copy=False).tobytes(),
             )
             await self.transport.publish(self.ctx.names.audio(), [chunk.encode()])
+            produced.inc(pcm.size / speaker.engine.sample_rate)
             seq += 1
         log.info(
             "segment %s:%d (attempt %d): %.2f s of audio in %d chunks",

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
@@ -29,6 +30,7 @@ from redis.exceptions import ResponseError
 from fleet import readiness
 from fleet.messages import MessageError, header_of
 from fleet.redis import TRANSIENT_ERRORS
+from workers import metrics
 from workers.errors import Action, FatalError, PermanentError, Redelivered, RetryPolicy, decide
 from workers.runtime import WorkerContext, heartbeat
 from workers.transport import Delivery, Transport, consumer_name
@@ -220,7 +222,10 @@ class Stage(Generic[M]):
     async def accept(self, deliveries: list[Delivery]) -> list[Work[M]]:
         """The deliveries worth working on, read; settles the others."""
         readable: list[Work[M]] = []
+        now = time.time()
         for d in deliveries:
+            if d.deliveries == 1:
+                metrics.observe_wait(self.kind, d.entry_id, now)
             if self.policy.exhausted(d.deliveries - 1):  # the worker died on it every time before
                 error = Redelivered(
                     f"delivered {d.deliveries} times without finishing (a worker died on it each time)"
@@ -250,13 +255,16 @@ class Stage(Generic[M]):
 
     async def attempt(self, work: Coroutine[Any, Any, None]) -> BaseException | None:
         """Run one piece of work; its error, if any, for ``settle``. Redis being away is not the
-        work's fault: it propagates, and the loop waits and redoes the batch."""
+        work's fault: it propagates, and the loop waits and redoes the batch. The time of work that
+        succeeded is observed (``narrate_stage_work_seconds``)."""
+        started = time.perf_counter()
         try:
             await work
         except TRANSIENT_ERRORS:
             raise
         except Exception as exc:  # noqa: BLE001 - every error is settled by decide()
             return exc
+        metrics.STAGE_WORK.labels(self.kind).observe(time.perf_counter() - started)
         return None
 
     async def settle(self, work: Work[M], error: BaseException | None) -> None:
@@ -272,8 +280,10 @@ class Stage(Generic[M]):
                 exc_info=error,
             )  # fmt: skip
             await self.transport.retry_later(d, decision.delay_s)
+            metrics.RETRIES.labels(self.kind).inc()
         elif decision.action is Action.DEAD_LETTER:
             await self.transport.dead_letter(d, decision.reason)
+            metrics.DEAD_LETTERS.labels(self.kind).inc()
             if job_id := work.job_id:
                 await self.ctx.store.fail(job_id, self._failure(work, decision.reason))
         else:
