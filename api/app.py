@@ -13,7 +13,7 @@ import redis
 import redis.asyncio as aioredis
 from fastapi import FastAPI
 
-from api import errors
+from api import errors, web
 from api.broadcast import BroadcastHub
 from api.limits import BodyLimit, max_body_bytes
 from api.links import LinkSigner, link_secret
@@ -66,11 +66,14 @@ def create_app(
         version="0.1.0",
         description="Long texts in, audiobooks out. Submit a job, follow it over SSE, download the file.",
         lifespan=lifespan,
+        docs_url=None,  # /docs and /redoc come from api/web.py, their assets served here (offline)
+        redoc_url=None,
     )
     errors.install(app)
     app.include_router(router)
     app.include_router(speech_router)  # POST /v1/audio/speech, OpenAI's shape (api/speech.py)
     app.include_router(metrics_router)  # GET /metrics for Prometheus (api/metrics.py, docs/metrics.md)
+    web.install(app)  # the web page at / and the docs
     app.add_middleware(
         BodyLimit,
         max_bytes=settings.max_body_bytes

@@ -15,9 +15,11 @@ VENV=${VENV:-.venv}
 pip() { command pip --disable-pip-version-check "$@"; }
 # Debian's ffmpeg: ffprobe/ffmpeg read the encoded files back (another FFmpeg build than PyAV's wheel);
 # Debian's pandoc: EPUBs made by another producer than the tests' own builder
+# Debian's chromium: the web page's browser test (Playwright drives it; its own browser download is not used)
 missing=""
 command -v ffprobe >/dev/null || missing="$missing ffmpeg"
 command -v pandoc >/dev/null || missing="$missing pandoc"
+command -v chromium >/dev/null || missing="$missing chromium"
 if [[ -n $missing ]] && command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
   # shellcheck disable=SC2086
   apt-get install -y -q --no-install-recommends $missing >/dev/null 2>&1 \
