@@ -553,6 +553,28 @@ def unstarted_tasks(r: redis.Redis, names: Names, model: str = "tiny", shard: in
     return queued + r.xlen(stream) - pending
 
 
+@contextlib.contextmanager
+def espeak_fleet(redis_url: str, data_dir: Path, log_dir: Path, name: str, **overrides) -> Iterator[RunningFleet]:
+    """A real eSpeak NG fleet for a test module (one speech worker, short blocks), on its own key
+    prefix (``name`` and the time), ready to speak when entered; its keys go when it stops."""
+    prefix = f"{name}-{int(time.time() * 1000) % 10**9}"
+    workers = overrides.pop("speech_workers", 1)
+    base = dict(models="espeak", default_model="espeak", block_ms=200, heartbeat_s=1)
+    settings = Settings(redis_url=redis_url, key_prefix=prefix, data_dir=data_dir, **{**base, **overrides})
+    running = start_fleet(settings, log_dir, speech_workers=workers)
+    try:
+        # ready once a speech worker's heartbeat is in (what /v1/models says, without needing a key)
+        deadline = time.monotonic() + 60
+        with redis.Redis.from_url(redis_url) as r:
+            while not r.zcard(Names(prefix).live_workers("speech", "espeak")):
+                assert time.monotonic() < deadline, running.logs()
+                time.sleep(0.2)
+        yield running
+    finally:
+        running.stop()
+        delete_prefix(redis_url, prefix)
+
+
 def delete_prefix(url: str, prefix: str) -> None:
     client = redis.Redis.from_url(url)
     for pattern in (f"{prefix}:*", f"rq:*{prefix}*"):
@@ -572,10 +594,23 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str, every: 
 # --- memory under back-pressure ------------------------------------------------------------------------
 
 
+def syllables(i: int) -> str:
+    """A short word of its own for every number ("ba", "da", ..., "dadadi"): no digits, which text
+    normalisation would spell out ("Go 4999." is said "Go four thousand nine hundred ninety-nine.",
+    three times the tokens of a model that never stops)."""
+    consonants, vowels = "bdfgklmnprstvz", "aeiou"
+    word = ""
+    while True:
+        word = consonants[i % len(consonants)] + vowels[i // len(consonants) % len(vowels)] + word
+        i //= len(consonants) * len(vowels)
+        if i == 0:
+            return word
+
+
 def short_sentences(n: int, per_paragraph: int = 50) -> str:
-    """``n`` sentences of two words each ("Go 17."): each is one segment of the fewest frames."""
+    """``n`` sentences of two short words each ("Go ba."): each is one segment of the fewest frames."""
     return "\n\n".join(
-        " ".join(f"Go {i}." for i in range(start, min(start + per_paragraph, n)))
+        " ".join(f"Go {syllables(i)}." for i in range(start, min(start + per_paragraph, n)))
         for start in range(0, n, per_paragraph)
     )
 

@@ -7,15 +7,13 @@ from __future__ import annotations
 import shutil
 import subprocess
 import threading
-import time
 
 import httpx
 import numpy as np
 import pytest
 
-from fleet.settings import Settings
 from models.espeak import unavailable_reason
-from testing.fleetkit import BOOK, delete_prefix, manifest, start_fleet, submit, wait_done
+from testing.fleetkit import BOOK, espeak_fleet, manifest, submit, wait_done
 from tests.conftest import require
 
 pytestmark = pytest.mark.integration
@@ -28,15 +26,8 @@ MP3_SLACK = 2 * 1152
 def fleet(redis_url, data_dir, tmp_path_factory):
     require(unavailable_reason() is None, f"eSpeak NG: {unavailable_reason()}")
     require(shutil.which("ffmpeg") is not None, "ffmpeg (Debian's; scripts/test.sh installs it)")
-    prefix = f"live-{int(time.time() * 1000) % 10**9}"
-    settings = Settings(
-        redis_url=redis_url, key_prefix=prefix, data_dir=data_dir, models="espeak", default_model="espeak",
-        block_ms=200, heartbeat_s=1,
-    )  # fmt: skip
-    running = start_fleet(settings, tmp_path_factory.mktemp("live-logs"), speech_workers=1)
-    yield running
-    running.stop()
-    delete_prefix(redis_url, prefix)
+    with espeak_fleet(redis_url, data_dir, tmp_path_factory.mktemp("live-logs"), "live") as running:
+        yield running
 
 
 @pytest.fixture

@@ -14,9 +14,8 @@ import time
 import numpy as np
 import pytest
 
-from fleet.settings import Settings
 from models.espeak import unavailable_reason
-from testing.fleetkit import delete_prefix, ffprobe, make_keys, start_fleet
+from testing.fleetkit import espeak_fleet, ffprobe, make_keys
 from tests.conftest import require, require_module
 
 require_module("openai", "the official openai client (the test extra installs it)")
@@ -32,16 +31,9 @@ FORMATS = [("mp3", 22_050), ("opus", 48_000), ("aac", 22_050), ("flac", 22_050),
 def fleet(redis_url, data_dir, tmp_path_factory):
     require(unavailable_reason() is None, f"eSpeak NG: {unavailable_reason()}")
     require(shutil.which("ffmpeg") is not None, "ffmpeg (Debian's; scripts/test.sh installs it)")
-    prefix = f"speech-{int(time.time() * 1000) % 10**9}"
-    settings = Settings(
-        redis_url=redis_url, key_prefix=prefix, data_dir=data_dir, models="espeak", default_model="espeak",
-        block_ms=200, heartbeat_s=1, auth="required",
-    )  # fmt: skip
-    running = start_fleet(settings, tmp_path_factory.mktemp("speech-logs"), speech_workers=1)
-    running.key = make_keys(redis_url, prefix, {"listener": {}})["listener"]
-    yield running
-    running.stop()
-    delete_prefix(redis_url, prefix)
+    with espeak_fleet(redis_url, data_dir, tmp_path_factory.mktemp("speech-logs"), "speech", auth="required") as running:
+        running.key = make_keys(redis_url, running.settings.key_prefix, {"listener": {}})["listener"]
+        yield running
 
 
 @pytest.fixture(scope="module")

@@ -16,12 +16,10 @@ import time
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
-import httpx
 import pytest
 
-from fleet.settings import Settings
 from models.espeak import unavailable_reason
-from testing.fleetkit import BOOK, delete_prefix, start_fleet
+from testing.fleetkit import BOOK, espeak_fleet
 from tests.conftest import require, require_module
 
 require_module("playwright", "the web page's browser test drives chromium with Playwright")
@@ -55,19 +53,8 @@ def three_chapters() -> str:
 @pytest.fixture(scope="module")
 def fleet(redis_url, data_dir, tmp_path_factory):
     require(unavailable_reason() is None, f"eSpeak NG: {unavailable_reason()}")
-    prefix = f"web-{int(time.time() * 1000) % 10**9}"
-    settings = Settings(
-        redis_url=redis_url, key_prefix=prefix, data_dir=data_dir, models="espeak", default_model="espeak",
-        block_ms=200, heartbeat_s=1,
-    )  # fmt: skip
-    running = start_fleet(settings, tmp_path_factory.mktemp("web-logs"), speech_workers=1)
-    deadline = time.monotonic() + 60
-    while not httpx.get(f"{running.base_url}/v1/models").json()[0]["ready"]:
-        assert time.monotonic() < deadline, running.logs()
-        time.sleep(0.2)
-    yield running
-    running.stop()
-    delete_prefix(redis_url, prefix)
+    with espeak_fleet(redis_url, data_dir, tmp_path_factory.mktemp("web-logs"), "web") as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
