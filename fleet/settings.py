@@ -97,6 +97,16 @@ class Settings(BaseSettings):
     #: A speech worker publishes an AudioChunk per this much audio (its first as soon as eSpeak NG
     #: hands over its first piece, for a fast first audio), milliseconds.
     speech_chunk_ms: int = 1000
+    #: Piper voices (models/piper.py) from a directory of ``<voice>.onnx`` + ``<voice>.onnx.json``,
+    #: beside those of installed voice packages; a broken or missing ``.onnx.json`` is a start-up error.
+    piper_voices_dir: Path | None = None
+    #: Piper's noise (its VITS sampling noise, and the noise of phoneme lengths) for every voice;
+    #: unset: each voice's own, from its ``.onnx.json`` (0.667 and 0.8 for most).
+    piper_noise_scale: float | None = Field(default=None, ge=0, le=2)
+    piper_noise_w: float | None = Field(default=None, ge=0, le=2)
+    #: onnxruntime threads per speech worker; 0: the CPU cores shared out among the speech workers
+    #: (N processes x threads = the cores: no oversubscription).
+    piper_threads: int = Field(default=0, ge=0)
 
     # --- streaming (I1) ------------------------------------------------------------------------
     #: Frames of new audio per code chunk.

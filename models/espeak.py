@@ -1,4 +1,4 @@
-"""eSpeak NG through ctypes: the single-stage family's engine (text in, 22,050 Hz PCM out, streamed).
+"""eSpeak NG through ctypes: a single-stage family and its engine (text in, 22,050 Hz PCM out, streamed).
 
 The library and its data come from the ``espeakng-loader`` wheel (the optional ``espeak`` extra,
 GPL-3.0-or-later). eSpeak NG keeps its state in globals, so a process has at most one engine and every
@@ -16,13 +16,20 @@ from __future__ import annotations
 import ctypes
 import re
 import threading
-import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 import numpy as np
+
+from models.single_stage import (
+    SingleStageFamily,
+    UnsupportedTextError,
+    VoiceError,
+    script_name,
+    scripts_in,
+)
 
 SAMPLE_RATE = 22_050
 DEFAULT_VOICE = "en-us"
@@ -73,14 +80,6 @@ SCRIPT_SAMPLES = {
 
 class EspeakUnavailable(RuntimeError):
     """The espeak extra is not installed, or its library does not load."""
-
-
-class VoiceError(ValueError):
-    """A voice id that is not an eSpeak NG language (+ variant)."""
-
-
-class UnsupportedTextError(ValueError):
-    """Text the chosen voice cannot read (eSpeak NG would only spell it): a permanent error."""
 
 
 def unavailable_reason() -> str | None:
@@ -299,37 +298,12 @@ def _dictionary_of(data_path: Path, identifier: str, language: str) -> str:
 # --- scripts: what a voice can read -------------------------------------------------------------------
 
 
-def script_of(char: str) -> str | None:
-    """The Unicode script of a letter (from its name: LATIN, CYRILLIC, HAN, ...); None for non-letters."""
-    if not unicodedata.category(char).startswith("L") or unicodedata.category(char) == "Lm":
-        return None
-    name = unicodedata.name(char, "")
-    if not name:
-        return "UNKNOWN"
-    first = name.split(" ", 1)[0]
-    return "HAN" if first == "CJK" else first
-
-
-def scripts_in(text: str) -> dict[str, str]:
-    """script -> the first few letters of it in ``text`` (Latin left out: every voice names Latin letters)."""
-    found: dict[str, str] = {}
-    for char in text:
-        script = script_of(char)
-        if script and script != "LATIN" and len(found.get(script, "")) < 6:
-            found[script] = found.get(script, "") + char
-    return found
-
-
 def _reads_as_word(phonemes: str) -> bool:
     """eSpeak NG read a sample word as one word (natively, or by switching language, shown as
     ``(xx)``), rather than spelling it letter by letter (separate words or ``_|`` between letters)."""
     core = re.sub(r"\([a-z0-9-]+\)", "", phonemes).strip()
     core = re.sub(r"[_|:]+$", "", core)
     return bool(core) and not re.search(r"\s|_\||_:", core)
-
-
-def _script_name(script: str) -> str:
-    return script.title()
 
 
 # --- the engine ----------------------------------------------------------------------------------------
@@ -368,10 +342,10 @@ class EspeakEngine:
             hint = (
                 f"voices that read it: {', '.join(readers[:25])}"
                 if readers
-                else f"no eSpeak NG voice reads {_script_name(script)}"
+                else f"no eSpeak NG voice reads {script_name(script)}"
             )
             raise UnsupportedTextError(
-                f"voice {voice!r} cannot read {_script_name(script)} text ({letters!r}); "
+                f"voice {voice!r} cannot read {script_name(script)} text ({letters!r}); "
                 f"eSpeak NG would only spell it letter by letter ({hint})"
             )
 
@@ -416,3 +390,55 @@ def engine() -> EspeakEngine:
         if _ENGINE is None:
             _ENGINE = EspeakEngine()
         return _ENGINE
+
+
+# --- the family ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EspeakFamily(SingleStageFamily):
+    """eSpeak NG as a single-stage family: its voices come from the library at run time."""
+
+    name: str = "espeak"
+    sample_rate: int = SAMPLE_RATE
+    default_voice: str = DEFAULT_VOICE
+    default_rate: int = DEFAULT_RATE
+    rate_range: tuple[int, int] = RATE_RANGE
+    default_pitch: int = DEFAULT_PITCH
+    pitch_range: tuple[int, int] = PITCH_RANGE
+    #: eSpeak NG reads numbers, dates and abbreviations itself, per language.
+    normalizes_text: bool = False
+    #: It reads phoneme strings in its text (``[[h@'loU]]``), for lexicons' phoneme entries.
+    reads_phonemes: bool = True
+    #: It stresses words marked as emphasised (SSML <emphasis>).
+    reads_emphasis: bool = True
+
+    @property
+    def voices(self) -> tuple[str, ...]:
+        """The languages (each also usable as ``<language>+<variant>``)."""
+        return tuple(sorted(catalogue().voices))
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        return tuple(sorted(catalogue().variants))
+
+    def voice_problem(self, voice: str) -> str | None:
+        return catalogue().problem(voice)
+
+    def unavailable_reason(self, settings=None) -> str | None:
+        return unavailable_reason()
+
+    def identity(self, settings=None) -> str:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("espeakng-loader")
+        except PackageNotFoundError:
+            return ""
+
+    def engine(self, settings=None) -> EspeakEngine:
+        return engine()
+
+
+def espeak_family(name: str = "espeak") -> EspeakFamily:
+    return EspeakFamily(name=name)

@@ -9,19 +9,19 @@ of an Orpheus checkpoint (NARRATE_ORPHEUS_DIR: the LM + tokenizer, the SNAC code
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from fleet.settings import Settings
-from models.espeak import unavailable_reason as espeak_unavailable
+from models.espeak import espeak_family
 from models.family import CodecLMFamily, SamplingDefaults
 from models.llasa import llasa_family
 from models.orpheus import orpheus_family
+from models.piper import piper_family
 from models.runaway import RunawayLimits
-from models.single_stage import SingleStageFamily, espeak_family
+from models.single_stage import SingleStageFamily
 
 
 class UnknownModelError(KeyError):
@@ -103,13 +103,6 @@ def _directory_identity(path: Path | None) -> str:
     return digest.hexdigest()
 
 
-def _package_version(name: str) -> str:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return ""
-
-
 def model_identity(spec: ModelSpec, settings: Settings) -> str:
     return f"{spec.name}|{spec.identity(settings)}"
 
@@ -124,6 +117,18 @@ def _tiny_llasa_dir(settings: Settings) -> Path:
     from models.tiny import ensure_tiny_llasa_checkpoint
 
     return ensure_tiny_llasa_checkpoint(settings.data_dir)
+
+
+def _single_stage(family: SingleStageFamily, description: str) -> ModelSpec:
+    """A single-stage model: its family says why it cannot run and what its audio depends on."""
+    return ModelSpec(
+        name=family.name,
+        family=family,
+        description=description,
+        locate=lambda _settings: None,
+        problem=family.unavailable_reason,
+        identity=family.identity,
+    )
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -172,14 +177,15 @@ MODELS: dict[str, ModelSpec] = {
             problem=lambda s: _local_checkpoint_problem("NARRATE_ORPHEUS_DIR", s.orpheus_dir),
             identity=lambda s: _directory_identity(s.orpheus_dir),
         ),
-        ModelSpec(
-            name="espeak",
-            family=espeak_family(),
-            description="eSpeak NG 1.52: formant speech in 100+ languages on one CPU core, single-stage "
+        _single_stage(
+            espeak_family(),
+            "eSpeak NG 1.52: formant speech in 100+ languages on one CPU core, single-stage "
             "(optional extra 'espeak', GPL-3.0-or-later)",
-            locate=lambda _settings: None,
-            problem=lambda _settings: espeak_unavailable(),
-            identity=lambda _settings: _package_version("espeakng-loader"),
+        ),
+        _single_stage(
+            piper_family(),
+            "Piper: neural voices (VITS, ONNX) on the CPU, single-stage; voices from voice packages and "
+            "NARRATE_PIPER_VOICES_DIR (optional extra 'piper': piper-tts GPL-3.0-or-later, the joe voice)",
         ),
     )
 }

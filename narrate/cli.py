@@ -123,10 +123,12 @@ def cmd_models(args: argparse.Namespace, settings: Settings) -> int:
                             initial_indent="  ", subsequent_indent="    "))  # fmt: skip
         print(f"  {f.sample_rate} Hz")
         if spec.single_stage:
-            print(textwrap.fill(f"variants (<voice>+<variant>): {', '.join(f.variants)}", 100,
-                                initial_indent="  ", subsequent_indent="    "))  # fmt: skip
-            print(f"  rate {f.rate_range[0]}-{f.rate_range[1]} words a minute (default {f.default_rate}); "
-                  f"pitch {f.pitch_range[0]}-{f.pitch_range[1]} (default {f.default_pitch})")  # fmt: skip
+            if f.variants:
+                print(textwrap.fill(f"variants (<voice>+<variant>): {', '.join(f.variants)}", 100,
+                                    initial_indent="  ", subsequent_indent="    "))  # fmt: skip
+            pitch = (f"pitch {f.pitch_range[0]}-{f.pitch_range[1]} (default {f.default_pitch})"
+                     if f.has_pitch else "no pitch setting")  # fmt: skip
+            print(f"  rate {f.rate_range[0]}-{f.rate_range[1]} words a minute (default {f.default_rate}); {pitch}")
     return 0
 
 
@@ -213,19 +215,33 @@ def cmd_fleet(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+#: What ``narrate file`` narrates with when neither --model nor NARRATE_DEFAULT_MODEL says: the first
+#: of these that can run here (a neural voice, then formant speech), else ``tiny`` with a warning.
+FILE_MODELS = ("piper", "espeak")
+
+
 def file_model(model: str | None, settings: Settings) -> tuple[str, str | None]:
-    """The model ``narrate file`` uses: ``model``, else NARRATE_DEFAULT_MODEL, else the eSpeak NG
-    voice when the espeak extra is installed, else ``tiny`` (noise); and a warning for the last."""
-    from models.espeak import unavailable_reason
+    """The model ``narrate file`` uses: ``model``, else NARRATE_DEFAULT_MODEL, else the best voice
+    installed (Piper's neural voices, then eSpeak NG), else ``tiny`` (noise) with a warning. With
+    NARRATE_PIPER_VOICES_DIR set (and Piper installed) it is Piper, whose start-up check then names
+    a broken voice file rather than falling back to another voice."""
+    from models.registry import MODELS
 
     if model is None and "default_model" in settings.model_fields_set:
         model = settings.default_model
     if model is not None:
         return model, None
-    if (reason := unavailable_reason()) is None:
-        return "espeak", None
+    from models.piper import unavailable_reason as piper_missing
+
+    if settings.piper_voices_dir is not None and piper_missing() is None:
+        return "piper", None  # voices the user pointed at: a broken one is an error, not a fallback
+    reasons = []
+    for name in FILE_MODELS:
+        if (reason := MODELS[name].problem(settings)) is None:
+            return name, None
+        reasons.append(f"narrate: warning: {reason}")
     return "tiny", (
-        f"narrate: warning: {reason}\n"
+        "\n".join(reasons) + "\n"
         "narrate: narrating with the 'tiny' test model instead: its audio is noise, not speech"
     )
 
@@ -355,11 +371,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--bitrate", type=int, metavar="KBPS", help="compressed formats: kb/s (default: m4b/m4a/mp3 64, opus 32)"
     )
     p.add_argument(
-        "--model", help="the model to narrate with (default: espeak if installed; see `narrate models`)"
+        "--model",
+        help="the model to narrate with (default: piper if installed, else espeak; see `narrate models`)",
     )
     p.add_argument("--voice", help="a voice of the model (see `narrate models`)")
-    p.add_argument("--rate", type=int, help="speaking rate in words a minute (espeak: 80-450, default 175)")
-    p.add_argument("--pitch", type=int, help="voice pitch (espeak: 0-100, default 50)")
+    p.add_argument(
+        "--rate", type=int, help="speaking rate in words a minute (espeak: 80-450, default 175; piper: 100-350, 200)"
+    )
+    p.add_argument("--pitch", type=int, help="voice pitch (espeak: 0-100, default 50; piper has none)")
     p.add_argument("--sample-rate", type=int, help="output sample rate in Hz (default: the model's)")
     p.add_argument(
         "--seed", type=int, default=0, help="sampling seed of codec-LM models (same seed, same audio)"

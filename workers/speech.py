@@ -8,8 +8,10 @@ the segment started (attempt numbers as for AR workers), publishes each piece as
 the audio stream exactly as a decoder does (seq from 0, ``final`` on the last), and acks once the final
 piece is out. The assembler cannot tell the two paths apart.
 
-One engine per process and one segment at a time: eSpeak NG keeps its state in globals, so parallel
-synthesis means several speech worker processes (``NARRATE_SPEECH_WORKERS``).
+One engine per family and process, one segment at a time (eSpeak NG keeps its state in globals;
+a Piper voice's onnxruntime session runs on its share of the cores): parallel synthesis means several
+speech worker processes (``NARRATE_SPEECH_WORKERS``). The engine comes from the model's family
+(models/single_stage.py), loaded before the worker announces itself ready.
 """
 
 from __future__ import annotations
@@ -18,13 +20,12 @@ import asyncio
 import logging
 import threading
 from collections.abc import AsyncIterator
-from typing import Protocol
 
 import numpy as np
 
 from fleet.messages import AudioChunk, SegmentTask
 from fleet.names import SPEECH_GROUP
-from models.single_stage import SingleStageFamily
+from models.single_stage import SingleStageFamily, SpeechEngine
 from workers import metrics
 from workers.errors import PermanentError
 from workers.runtime import WorkerContext
@@ -32,14 +33,6 @@ from workers.stage import Stage, Work
 from workers.transport import Transport
 
 log = logging.getLogger(__name__)
-
-
-class SpeechEngine(Protocol):
-    sample_rate: int
-
-    def check_text(self, text: str, voice: str) -> None: ...
-
-    def synthesize(self, text: str, voice: str, on_audio, *, rate: int, pitch: int) -> None: ...
 
 
 class SegmentSpeaker:
@@ -96,7 +89,8 @@ class SpeechWorker(Stage[SegmentTask]):
     message = SegmentTask
     activity = "narrating"
     #: Two tasks a read, spoken one after the other: the read's round trips are paid once for two
-    #: segments, and the second is held for one segment's time at most (~20 ms with eSpeak NG).
+    #: segments, and the second is held for one segment's time at most (~20 ms with eSpeak NG, ~0.1-0.3 s
+    #: with a Piper voice on one core).
     batch_size = 2
     drop_ended_first = False  # START_SEGMENT refuses an ended job
 
@@ -114,7 +108,7 @@ class SpeechWorker(Stage[SegmentTask]):
         )
         self.speakers = speakers
         self._speaking = 0  # segments being synthesized now (one engine: 0 or 1)
-        label = ",".join(models)  # one engine serves them all
+        label = ",".join(models)  # one segment at a time, whichever engine
         metrics.SLOTS.labels(self.kind, label).set(1)
         metrics.SLOTS_IN_USE.labels(self.kind, label).set_function(lambda: self._speaking)
         log.info("speech worker for %s", ", ".join(models))
@@ -164,14 +158,13 @@ class SpeechWorker(Stage[SegmentTask]):
 
 
 async def run_speech_worker(ctx: WorkerContext, models: list[str]) -> None:
-    from models import espeak
     from models.registry import get_model
 
-    engine = await asyncio.to_thread(espeak.engine)  # this process's one engine
     speakers = {}
     for model in models:
         spec = get_model(model, ctx.settings)
         if not isinstance(spec.family, SingleStageFamily):
             raise ValueError(f"model {model!r} is a two-stage model: it runs on AR and decoder workers")
+        engine = await asyncio.to_thread(spec.family.engine, ctx.settings)  # the process's one of the family
         speakers[model] = SegmentSpeaker(engine, spec.family, ctx.settings.speech_chunk_ms)
     await SpeechWorker(ctx, speakers).run()

@@ -24,10 +24,20 @@ pytestmark = pytest.mark.integration
 
 
 def _without_espeak(tmp_path) -> str:
-    """A PYTHONPATH on which ``import espeakng_loader`` fails, as on a machine without the extra."""
+    """A PYTHONPATH on which ``import espeakng_loader`` and ``import piper`` fail, as on a machine
+    without the espeak and piper extras."""
     fake = tmp_path / "no-espeak" / "espeakng_loader"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("raise ImportError('the espeak extra is not installed')\n")
+    return os.pathsep.join(p for p in (str(fake.parent), _without_piper(tmp_path)) if p)
+
+
+def _without_piper(tmp_path) -> str:
+    """A PYTHONPATH on which ``import piper`` fails, as on a machine without the piper extra (the
+    README's first command installs eSpeak NG alone)."""
+    fake = tmp_path / "no-piper" / "piper"
+    fake.mkdir(parents=True, exist_ok=True)
+    (fake / "__init__.py").write_text("raise ImportError('the piper extra is not installed')\n")
     return os.pathsep.join(p for p in (str(fake.parent), os.environ.get("PYTHONPATH", "")) if p)
 
 
@@ -44,6 +54,7 @@ def test_the_readme_first_command_speaks(tmp_path):
     data = tmp_path / "data"
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL" and not k.startswith("NARRATE_")}
     env["NARRATE_DATA_DIR"] = str(data)
+    env["PYTHONPATH"] = _without_piper(tmp_path)  # as the command installs it: eSpeak NG, no Piper
     result = subprocess.run(
         [sys.executable, "-m", "narrate.cli", *shlex.split(narrate)],
         cwd=tmp_path,
@@ -59,6 +70,38 @@ def test_the_readme_first_command_speaks(tmp_path):
     assert np.sqrt(np.mean(audio.astype(float) ** 2)) > 1000  # speech, not silence or noise-free gaps
     assert "51 segments, 3 chapters" in result.stdout and "100%" in result.stderr
     assert "started speech-0" in result.stderr and "started ar-" not in result.stderr  # no AR/decoder
+    assert not (data / "models").exists()  # nothing built or downloaded
+
+
+def test_the_readme_neural_command_speaks_with_piper(tmp_path):
+    """The README's neural command (``pip install -e '.[piper]'``, then `narrate file` with no
+    --model): Piper's voice by default, speech at 22.05 kHz, the book's chapters, no download."""
+    from models.piper import unavailable_reason as piper_unavailable
+
+    require(piper_unavailable() is None, f"Piper: {piper_unavailable()}")
+    root = Path(__file__).parents[2]
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    command = next(
+        line.strip() for line in readme.splitlines() if "bin/narrate file" in line and "[piper]" in line
+    )
+    install, _, narrate_args = command.rpartition("&& .venv/bin/narrate ")
+    assert "pip install -e '.[piper]'" in install, command
+    shutil.copytree(root / "examples", tmp_path / "examples")
+    data = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL" and not k.startswith("NARRATE_")}
+    env["NARRATE_DATA_DIR"] = str(data)
+    result = subprocess.run(
+        [sys.executable, "-m", "narrate.cli", *shlex.split(narrate_args)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "warning" not in result.stderr
+    output = next(a for a in shlex.split(narrate_args)[2:] if a.endswith((".wav", ".m4b", ".mp3", ".flac")))
+    info = sf.info(tmp_path / output)
+    assert info.samplerate == 22050 and 60 < info.duration < 180, info  # 51 sentences
+    assert "51 segments, 3 chapters" in result.stdout and "100%" in result.stderr
+    logs = "".join(p.read_text() for p in (data / "logs").glob("speech-*.log"))
+    assert "Piper voice en_US-joe-medium loaded" in logs, logs[-2000:]
     assert not (data / "models").exists()  # nothing built or downloaded
 
 
@@ -85,6 +128,7 @@ def test_narrate_file_on_embedded_defaults(tmp_path, tiny_dir):
     assert "5 segments, 2 chapters" in result.stdout
     assert "100%" in result.stderr  # the progress bar ran to the end
     assert "warning: eSpeak NG is not installed" in result.stderr and "'tiny' test model" in result.stderr
+    assert "warning: Piper does not import" in result.stderr  # the voice narrate file tries first
     # the embedded server kept its data, append-only, in the data dir
     assert any((data / "valkey" / "appendonlydir").iterdir())
 
@@ -98,9 +142,11 @@ def _hide(tmp_path, module: str) -> str:
 
 
 def narrate(tmp_path, *args, env_extra=None, timeout=300):
-    """``narrate ...`` as a process on a data directory of its own (embedded Valkey, no REDIS_URL)."""
+    """``narrate ...`` as a process on a data directory of its own (embedded Valkey, no REDIS_URL),
+    with eSpeak NG (these tests are of its path: `narrate file` would prefer Piper where installed)."""
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL" and not k.startswith("NARRATE_")}
     env["NARRATE_DATA_DIR"] = str(tmp_path / "data")
+    env["NARRATE_DEFAULT_MODEL"] = "espeak"
     env.update(env_extra or {})
     return subprocess.run(
         [sys.executable, "-m", "narrate.cli", *args],

@@ -21,7 +21,7 @@ TEXT = (
 def speaker():
     require(unavailable_reason() is None, f"eSpeak NG: {unavailable_reason()}")
     from models import espeak
-    from models.single_stage import espeak_family
+    from models.espeak import espeak_family
     from workers.speech import SegmentSpeaker
 
     return SegmentSpeaker(espeak.engine(), espeak_family(), chunk_ms=1000)
