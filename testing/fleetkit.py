@@ -9,6 +9,7 @@ import contextlib
 import io
 import json
 import random
+import re
 import signal
 import threading
 import time
@@ -592,6 +593,21 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str, every: 
 
 
 # --- memory under back-pressure ------------------------------------------------------------------------
+
+
+def words(text: str) -> int:
+    return len(re.findall(r"[\w'-]+", text))
+
+
+def rms(x: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(x.astype(np.float64) ** 2))) if x.size else 0.0
+
+
+def segment_wpm(job_manifest: dict) -> dict[int, float]:
+    """Words a minute of each segment of a finished job's manifest (its text over its audio)."""
+    return {
+        s["index"]: words(s["text"]) / ((s["end_s"] - s["start_s"]) / 60) for s in job_manifest["segments"]
+    }
 
 
 def syllables(i: int) -> str:

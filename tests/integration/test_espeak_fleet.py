@@ -18,7 +18,7 @@ from fleet.settings import Settings
 from jobs.audio import Pauses
 from jobs.segmentation import plan_text
 from models.espeak import unavailable_reason
-from testing.fleetkit import BOOK, download, read_sse, start_fleet, submit, wait_done
+from testing.fleetkit import BOOK, download, read_sse, rms, segment_wpm, start_fleet, submit, wait_done
 from testing.fleetkit import manifest as fleetkit_manifest
 from tests.conftest import require
 
@@ -54,22 +54,8 @@ def fleet(redis_url, data_dir, tmp_path_factory):
     delete_prefix(redis_url, prefix)
 
 
-def words(text: str) -> int:
-    return len(re.findall(r"[\w'-]+", text))
-
-
 def manifest(fleet, job_id: str) -> dict:
     return fleetkit_manifest(fleet.settings, job_id)
-
-
-def rms(x: np.ndarray) -> float:
-    return float(np.sqrt(np.mean(x.astype(np.float64) ** 2))) if x.size else 0.0
-
-
-def segment_wpm(job_manifest: dict) -> dict[int, float]:
-    return {
-        s["index"]: words(s["text"]) / ((s["end_s"] - s["start_s"]) / 60) for s in job_manifest["segments"]
-    }
 
 
 def test_models_lists_voices_and_readiness(fleet, client):
