@@ -555,25 +555,33 @@ def unstarted_tasks(r: redis.Redis, names: Names, model: str = "tiny", shard: in
 
 
 @contextlib.contextmanager
-def espeak_fleet(redis_url: str, data_dir: Path, log_dir: Path, name: str, **overrides) -> Iterator[RunningFleet]:
-    """A real eSpeak NG fleet for a test module (one speech worker, short blocks), on its own key
-    prefix (``name`` and the time), ready to speak when entered; its keys go when it stops."""
+def speech_fleet(
+    redis_url: str, data_dir: Path, log_dir: Path, name: str, model: str = "espeak", **overrides
+) -> Iterator[RunningFleet]:
+    """A real single-stage fleet for a test module (``speech_workers``, default 1; short blocks), on
+    its own key prefix (``name`` and the time), entered once every speech worker has loaded its
+    engine and beats (what /v1/models says, without needing a key); its keys go when it stops."""
     prefix = f"{name}-{int(time.time() * 1000) % 10**9}"
     workers = overrides.pop("speech_workers", 1)
-    base = dict(models="espeak", default_model="espeak", block_ms=200, heartbeat_s=1)
+    ready_s = overrides.pop("ready_s", 60)
+    base = dict(models=model, default_model=model, block_ms=200, heartbeat_s=1)
     settings = Settings(redis_url=redis_url, key_prefix=prefix, data_dir=data_dir, **{**base, **overrides})
     running = start_fleet(settings, log_dir, speech_workers=workers)
     try:
-        # ready once a speech worker's heartbeat is in (what /v1/models says, without needing a key)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + ready_s
         with redis.Redis.from_url(redis_url) as r:
-            while not r.zcard(Names(prefix).live_workers("speech", "espeak")):
+            while r.zcard(Names(prefix).live_workers("speech", model)) < workers:
                 assert time.monotonic() < deadline, running.logs()
                 time.sleep(0.2)
         yield running
     finally:
         running.stop()
         delete_prefix(redis_url, prefix)
+
+
+def espeak_fleet(redis_url: str, data_dir: Path, log_dir: Path, name: str, **overrides):
+    """``speech_fleet`` of eSpeak NG."""
+    return speech_fleet(redis_url, data_dir, log_dir, name, "espeak", **overrides)
 
 
 def delete_prefix(url: str, prefix: str) -> None:

