@@ -421,7 +421,9 @@ class ModelView(BaseModel):
     rate: dict[str, int] | None = Field(
         default=None, description="Speaking rate in words per minute: default, min, max (if settable)."
     )
-    pitch: dict[str, int] | None = Field(default=None, description="Pitch: default, min, max (if settable).")
+    pitch: dict[str, int] | None = Field(
+        default=None, description="Pitch: default, min, max; null where the model has no pitch setting."
+    )
     ready: bool = Field(description="Every worker kind this model needs has a live worker right now.")
     workers: dict[str, int] = Field(description="Live workers per kind this model needs.")
 
@@ -446,7 +448,9 @@ class ModelView(BaseModel):
                 rate=dict(default=family.default_rate, min=family.rate_range[0], max=family.rate_range[1]),
                 pitch=dict(
                     default=family.default_pitch, min=family.pitch_range[0], max=family.pitch_range[1]
-                ),
+                )
+                if family.has_pitch
+                else None,
             )
         return cls(**view)
 

@@ -92,7 +92,8 @@ class Settings(BaseSettings):
     #: Local checkpoint directory of the "orpheus" model (LM + tokenizer; codec under snac/).
     orpheus_dir: Path | None = None
     #: Speech worker processes (single-stage models such as espeak; one engine, one segment at a
-    #: time each) that the fleet commands start; 0: half the CPU cores, 1 to 4.
+    #: time each) that the fleet commands start; 0: one per core when Piper is served (one onnxruntime
+    #: thread each), else half the CPU cores, 1 to 4 (``speech_worker_count``).
     speech_workers: int = 0
     #: A speech worker publishes an AudioChunk per this much audio (its first as soon as eSpeak NG
     #: hands over its first piece, for a fast first audio), milliseconds.
@@ -260,9 +261,18 @@ class Settings(BaseSettings):
 
     @property
     def speech_worker_count(self) -> int:
+        """``speech_workers``, else one per core when Piper is served (one onnxruntime thread each:
+        2 workers x 1 thread made 16.2x real time on 2 cores, 1 x 2 threads 7.3x, docs/benchmarks.md),
+        else half the cores, 1 to 4 (eSpeak NG is fast: the rest of the cores assemble and encode)."""
         if self.speech_workers > 0:
             return self.speech_workers
-        return max(1, min(4, (os.cpu_count() or 2) // 2))
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:  # not Linux
+            cores = os.cpu_count() or 2
+        if "piper" in (self.default_model, *self.model_names):
+            return max(1, min(16, cores))
+        return max(1, min(4, cores // 2))
 
     @property
     def storage_dir(self) -> Path:

@@ -134,6 +134,7 @@ def validate(request: JobRequest, settings: Settings, max_text_chars: int | None
     if spec.single_stage:
         if problem := family.voice_problem(voice):
             raise InvalidRequest(f"{problem} (model {spec.name!r})")
+        voice = family.canonical_voice(voice)
     elif voice not in family.voices:
         raise InvalidRequest(
             f"unknown voice {voice!r} for model {spec.name!r}; voices: {', '.join(family.voices)}"

@@ -245,6 +245,14 @@ class VoiceCatalogue:
             return f"unknown voice variant {variant!r} in {voice_id!r}; variants: {', '.join(sorted(self.variants))}"
         return None
 
+    def canonical(self, voice_id: str) -> str:
+        """A valid ``voice_id`` as listed: the language's voice id (aliases resolved), lower case."""
+        language, _, variant = voice_id.partition("+")
+        found = self._voice(language)
+        if found is None or (variant and variant.lower() not in self.variants):
+            return voice_id
+        return f"{found.id}+{variant.lower()}" if variant else found.id
+
     def espeak_name(self, voice_id: str) -> str:
         """The name eSpeak's SetVoiceByName takes, e.g. "gmw/en-US+f3"."""
         if problem := self.problem(voice_id):
@@ -424,6 +432,9 @@ class EspeakFamily(SingleStageFamily):
 
     def voice_problem(self, voice: str) -> str | None:
         return catalogue().problem(voice)
+
+    def canonical_voice(self, voice: str) -> str:
+        return catalogue().canonical(voice)
 
     def unavailable_reason(self, settings=None) -> str | None:
         return unavailable_reason()

@@ -541,6 +541,10 @@ class PiperFamily(SingleStageFamily):
     def voice_problem(self, voice: str) -> str | None:
         return self._catalogue().problem(voice)
 
+    def canonical_voice(self, voice: str) -> str:
+        found = self._catalogue().find(voice)
+        return found.id if found is not None else voice
+
     def unavailable_reason(self, settings: Settings) -> str | None:
         return unavailable_reason() or voices_problem(settings.piper_voices_dir)
 

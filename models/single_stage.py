@@ -82,6 +82,11 @@ class SingleStageFamily(ABC):
     def voice_problem(self, voice: str) -> str | None:
         """Why ``voice`` is not a voice of this family (None: it is)."""
 
+    def canonical_voice(self, voice: str) -> str:
+        """The one spelling of a valid ``voice`` (its id as listed, aliases resolved): a job keeps it,
+        so ``joe`` and ``en_US-joe-medium`` share segment-cache keys, seeds and the manifest's voice."""
+        return voice
+
     @abstractmethod
     def unavailable_reason(self, settings: Settings) -> str | None:
         """Why the family cannot run with these settings (None: it can). Cheap: loads no engine."""

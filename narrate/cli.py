@@ -407,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--speech-workers",
         type=int,
-        help="speech workers for single-stage models (default: NARRATE_SPEECH_WORKERS or half the cores)",
+        help="speech workers for single-stage models (default: NARRATE_SPEECH_WORKERS, else one per core with piper, else half the cores)",
     )
     p.set_defaults(func=cmd_fleet)
 

@@ -225,14 +225,6 @@ def run(file_job: FileJob, settings: Settings) -> int:
             return exc.exit_code
 
 
-def _speech_workers(settings: Settings) -> int:
-    """NARRATE_SPEECH_WORKERS, else for Piper one per core (one onnxruntime thread each: 2.2x the
-    speed of one process on two threads, docs/benchmarks.md), else the fleet's default."""
-    if settings.speech_workers > 0 or settings.default_model != "piper":
-        return settings.speech_worker_count
-    return max(1, len(os.sched_getaffinity(0)))
-
-
 def _start_workers(settings: Settings, stack: ExitStack):
     from narrate.supervisor import Supervisor, child_env, fleet_children
 
@@ -243,7 +235,7 @@ def _start_workers(settings: Settings, stack: ExitStack):
         assemblers=1,
         finalizers=1,
         models=[settings.default_model],
-        speech_workers=_speech_workers(settings),
+        speech_workers=settings.speech_worker_count,
         metrics_port=settings.metrics_port,
     )
     supervisor = Supervisor(children, child_env(settings), log_dir=settings.data_dir / "logs")

@@ -101,6 +101,9 @@ def test_voices_languages_and_variants(engine):
     assert {"f3", "m3", "klatt", "whisper"} <= set(catalogue.variants)
     assert catalogue.espeak_name("en-us+f3") == "gmw/en-US+f3"
     assert catalogue.problem("EN-US+F3") is None  # ids are case-insensitive
+    # a job keeps the voice as listed: other spellings and aliases are one voice to the segment cache
+    assert catalogue.canonical("EN-US+F3") == "en-us+f3" and catalogue.canonical("en-GB") == "en"
+    assert catalogue.canonical("xx-yy") == "xx-yy"  # not a voice: left for problem() to refuse
     assert "not an eSpeak NG language" in catalogue.problem("xx-yy")
     assert "unknown voice variant" in catalogue.problem("en-us+nobody")
     # a variant changes the voice: female variant 3 speaks higher than male variant 1

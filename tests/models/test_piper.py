@@ -184,6 +184,11 @@ def test_jobs_for_piper_are_validated_by_its_family(tmp_path):
 
     said = [segment_task(job, s).text for s in plan.segments]
     assert said == ["Hi", "Hello there.", "It costs $5."]  # no emphasis marks, numbers left to the voice
+    # the voice's other spellings are kept as its id: one voice, one segment-cache key and seed
+    for spelling in ("joe", "EN_us-JOE-medium"):
+        other, other_plan = validate(JobRequest(text="# Hi\n\nHello *there*. It costs $5.", model="piper", voice=spelling), settings)
+        assert other.voice == JOE and other_plan.cache_keys == plan.cache_keys
+        assert [segment_task(other, s).seed for s in other_plan.segments] == [segment_task(job, s).seed for s in plan.segments]
     for request, says in (
         (JobRequest(text="Hi.", model="piper", voice="nobody"), "unknown voice 'nobody'"),
         (JobRequest(text="Hi.", model="piper", pitch=40), "no pitch setting"),
@@ -195,6 +200,12 @@ def test_jobs_for_piper_are_validated_by_its_family(tmp_path):
 
 def test_onnxruntime_threads_share_the_cores_among_the_speech_workers():
     cores = len(os.sched_getaffinity(0))
+    # by default a fleet serving Piper runs one speech worker per core, one thread each (the faster
+    # split: docs/benchmarks.md); eSpeak NG alone keeps half the cores
+    assert Settings(models="piper").speech_worker_count == min(16, cores)
+    assert Settings(models="espeak", default_model="piper").speech_worker_count == min(16, cores)
+    assert piper.threads_for(Settings(models="piper")) == 1
+    assert Settings(models="espeak", default_model="espeak").speech_worker_count == max(1, min(4, cores // 2))
     assert piper.threads_for(Settings(speech_workers=1)) == cores
     assert piper.threads_for(Settings(speech_workers=2)) == max(1, cores // 2)
     assert piper.threads_for(Settings(speech_workers=64)) == 1
