@@ -910,6 +910,17 @@ def wait_for_free_gpu(args, what: str) -> None:
     print(f"GPU memory in use before the {what}: {used} MiB", flush=True)
 
 
+def host_cpu() -> dict:
+    """The host's CPU model and cores: raw vLLM's engine core is CPU-bound, so its speed follows it."""
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {"model": model, "cores": len(os.sched_getaffinity(0))}
+
+
 def fleet_summary(run: dict, change: dict) -> dict:
     """The figures of one more fleet run (``--fleet-variant``)."""
     tokens = manifest_tokens(run["manifests"])
@@ -1043,6 +1054,8 @@ def main() -> int:
     parser.add_argument("--offline-from", help=argparse.SUPPRESS)  # internal: a phase's own process
     parser.add_argument("--phase", default="offline", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    host = host_cpu()
+    print(f"RESULT host CPU: {host['model']} ({host['cores']} cores)", flush=True)
 
     from fleet.settings import Settings
     from narrate.embedded import EmbeddedValkey
@@ -1124,6 +1137,7 @@ def main() -> int:
         valkey.stop()
     fleet_tokens = manifest_tokens(fleet["manifests"])
     result = {
+        "host_cpu": host,
         "complete": fleet["complete"],
         "model": args.model,
         "device": args.device,
