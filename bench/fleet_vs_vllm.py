@@ -444,7 +444,7 @@ def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int) -> dict
     import httpx
 
     from fleet.names import JobObjects, Names
-    from narrate.supervisor import Supervisor, fleet_children, free_port
+    from narrate.supervisor import Supervisor, fleet_children, fleet_gpu_options, free_port
 
     port = free_port()
     children = fleet_children(
@@ -455,7 +455,9 @@ def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int) -> dict
         finalizers=1,
         models=[settings.default_model],
         api_port=port,
+        **fleet_gpu_options(settings),  # --gpus: ar_workers and decoders on each GPU, pinned
     )
+    ar_workers *= max(1, len(settings.gpu_ids))
     sup = Supervisor(children, env, log_dir=log_dir)
     sup.start()
     base = f"http://127.0.0.1:{port}"
@@ -904,7 +906,7 @@ def wait_for_free_gpu(args, what: str) -> None:
             capture_output=True,
             text=True,
         ).stdout.split()
-        if used and int(used[0]) < 2048:
+        if used and all(int(u) < 2048 for u in used):
             break
         time.sleep(0.5)
     print(f"GPU memory in use before the {what}: {used} MiB", flush=True)
@@ -943,6 +945,45 @@ def fleet_summary(run: dict, change: dict) -> dict:
     }
 
 
+def more_rounds(args, overrides: dict, first: dict) -> dict:
+    """Rounds 2..N of ``--rounds``: each a fresh fleet (its own Valkey and key prefix) on the same
+    workload, then raw vLLM on that fleet's tokens, so the two alternate on one machine; the
+    medians over every round, the first (``first``) included."""
+    from fleet.settings import Settings
+    from narrate.embedded import EmbeddedValkey
+
+    rounds = [{"fleet_audio_s_per_s": first["fleet_audio_s_per_s"], "offline_audio_s_per_s": first.get("offline_audio_s_per_s")}]
+    for r in range(1, args.rounds):
+        wait_for_free_gpu(args, f"round {r + 1}'s fleet")
+        valkey = EmbeddedValkey(Path(args.data_dir))
+        url = valkey.start()
+        try:
+            settings = Settings(redis_url=url, key_prefix=f"bench{int(time.time())}-r{r}", **overrides)
+            fleet = run_fleet(args, fleet_env(settings), settings, Path(args.out) / f"logs-round{r + 1}", args.ar_workers)
+        finally:
+            valkey.stop()
+        row = {"fleet_audio_s_per_s": fleet["audio_s"] / fleet["wall_s"], "fleet_complete": fleet["complete"], "offline_audio_s_per_s": None}
+        if not args.skip_offline and fleet["complete"]:
+            offline = phase_in_subprocess(args, fleet, "offline")
+            row["offline_audio_s_per_s"] = offline["tokens"] / 7 * 2048 / 24000 / offline["wall_s"]
+        rounds.append(row)
+        print(f"RESULT round {r + 1}: {json.dumps(row)}", flush=True)
+    fleets = [x["fleet_audio_s_per_s"] for x in rounds]
+    raws = [x["offline_audio_s_per_s"] for x in rounds if x["offline_audio_s_per_s"]]
+    summary = {"rounds": rounds, "fleet_audio_s_per_s_median": statistics.median(fleets)}
+    if raws:
+        summary["offline_audio_s_per_s_median"] = statistics.median(raws)
+        summary["ratio_of_medians"] = summary["fleet_audio_s_per_s_median"] / summary["offline_audio_s_per_s_median"]
+    print(
+        f"RESULT medians over {len(rounds)} rounds: fleet {summary['fleet_audio_s_per_s_median']:.1f} audio-s/s "
+        f"(each {', '.join(f'{x:.1f}' for x in fleets)}), raw "
+        + (f"{summary['offline_audio_s_per_s_median']:.1f} (each {', '.join(f'{x:.1f}' for x in raws)}), "
+           f"ratio {summary['ratio_of_medians']:.3f}" if raws else "not measured"),
+        flush=True,
+    )  # fmt: skip
+    return summary
+
+
 def phase_in_subprocess(args, fleet: dict, phase: str) -> dict:
     """Run a phase (offline, async) in a new process, once earlier processes have let go of the GPU."""
     import subprocess
@@ -968,9 +1009,10 @@ def fleet_env(settings, extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def fleet_variant(text: str) -> tuple[str, dict[str, str]]:
-    """NAME:KEY=VALUE,... -> (name, changes), e.g. two-engines:ar_workers=2,vllm_gpu_memory_utilization=0.35"""
+    """NAME:KEY=VALUE,... -> (name, changes), e.g. two-engines:ar_workers=2,vllm_gpu_memory_utilization=0.35;
+    a list value is written with '+': two-gpus:gpus=0+1"""
     name, _, changes = text.partition(":")
-    pairs = [c.split("=", 1) for c in changes.split(",") if c]
+    pairs = [[part.replace("+", ",") for part in c.split("=", 1)] for c in changes.split(",") if c]
     if not name or not all(len(p) == 2 and p[0] for p in pairs):
         raise argparse.ArgumentTypeError(f"{text!r} is not NAME:KEY=VALUE,...")
     return name, dict(pairs)
@@ -1014,12 +1056,22 @@ def main() -> int:
     )  # fmt: skip
     parser.add_argument("--short-after-s", type=float, default=8.0, help="the first one this long after the books")
     parser.add_argument("--short-every-s", type=float, default=6.0, help="and the next ones this far apart")
+    parser.add_argument(
+        "--gpus", default="",
+        help="GPUs of the fleet (NARRATE_GPUS, e.g. 0,1): --ar-workers and --decoders on each, pinned; "
+        "default: unpinned, one GPU. Against one GPU in the same call: --gpus 0 --fleet-variant two:gpus=0+1",
+    )  # fmt: skip
     parser.add_argument("--assemblers", type=int, default=1)
     parser.add_argument("--stream-interval", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=1200)
     parser.add_argument("--data-dir", default="/tmp/narrate-bench")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--skip-offline", action="store_true")
+    parser.add_argument(
+        "--rounds", type=int, default=1,
+        help="fleet and raw vLLM alternated this many times (fleet, raw, fleet, raw, ...): medians and "
+        "the ratio of the medians beside each round's figures (variants run in the first round only)",
+    )  # fmt: skip
     parser.add_argument("--profile-s", type=int, default=0, help="py-spy the AR worker/decoder this long")
     parser.add_argument("--raw-variants", type=int, default=0, help="requests in the sampling-variant runs")
     parser.add_argument("--variants", default="", help="which variants (comma-separated names; default all)")
@@ -1067,6 +1119,7 @@ def main() -> int:
         device=args.device,
         max_num_seqs=args.max_num_seqs,
         vllm_gpu_memory_utilization=args.gpu_memory_utilization,
+        gpus=args.gpus,
         max_model_len=2048,
         decode_batch=64,
         # decoders stopped for a diagnosis: the AR worker's back-pressure must not stop it meanwhile
@@ -1207,6 +1260,9 @@ def main() -> int:
             flush=True,
         )
         print(f"RESULT ratio fleet/offline = {result['ratio_fleet_over_offline']:.3f}", flush=True)
+    if args.rounds > 1 and fleet["complete"]:
+        result.update(more_rounds(args, overrides, result))
+        (out / "results.json").write_text(json.dumps(result, indent=2))
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "results.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))

@@ -109,6 +109,23 @@ class Settings(BaseSettings):
     #: (N processes x threads = the cores: no oversubscription).
     piper_threads: int = Field(default=0, ge=0)
 
+    # --- GPUs -----------------------------------------------------------------------------------
+    #: GPUs of this host that ``narrate fleet`` places AR workers and decoders on, comma separated as
+    #: CUDA_VISIBLE_DEVICES names them ("0,1", or GPU UUIDs): each such child gets
+    #: ``CUDA_VISIBLE_DEVICES=<its GPU>`` (it sees that GPU alone, as ``cuda``), and ``--ar-workers``
+    #: counts per GPU (narrate/supervisor.py ``fleet_children``). Empty (default): no pinning, every
+    #: child sees the GPUs the fleet command sees.
+    gpus: str = Field(default="", pattern=r"^[\sA-Za-z0-9_.:,-]*$")
+    #: With ``gpus``: where ``narrate fleet`` puts its decoders: "each" (``--decoders`` on every GPU,
+    #: beside its engines), "first" (all on the first GPU of ``gpus``) or one GPU of ``gpus``. Which is
+    #: faster depends on the GPUs and the model (docs/architecture.md "Several GPUs and hosts").
+    decoder_placement: str = "each"
+
+    @property
+    def gpu_ids(self) -> tuple[str, ...]:
+        """``gpus`` as a tuple, in order (empty: no pinning)."""
+        return tuple(g.strip() for g in self.gpus.split(",") if g.strip())
+
     # --- streaming (I1) ------------------------------------------------------------------------
     #: Frames of new audio per code chunk.
     chunk_frames: int = 25

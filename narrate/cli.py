@@ -175,13 +175,16 @@ def cmd_fleet(args: argparse.Namespace, settings: Settings) -> int:
     from models.registry import UnknownModelError, served_models
     from narrate.embedded import DataDirBusy, fleet_redis
     from narrate.signals import StopSignals
-    from narrate.supervisor import Supervisor, child_env, fleet_children
+    from narrate.supervisor import PlacementError, Supervisor, child_env
 
     try:
         served_models(settings)  # every model of NARRATE_MODELS can run here, or say why not now
-    except UnknownModelError as exc:
+        settings, children = fleet_plan(args, settings)  # placed on the GPUs before anything starts
+    except (UnknownModelError, PlacementError) as exc:
         print(f"narrate: {exc}", file=sys.stderr)
         return 2
+    if settings.gpu_ids and not settings.device.startswith("cuda"):
+        log.warning("NARRATE_GPUS=%s with NARRATE_DEVICE=%s: pinned, but on the CPU", settings.gpus, settings.device)
     supervisor = None
 
     def kill_now() -> None:
@@ -194,17 +197,6 @@ def cmd_fleet(args: argparse.Namespace, settings: Settings) -> int:
         except DataDirBusy as exc:
             print(f"narrate: {exc}", file=sys.stderr)
             return 2
-        children = fleet_children(
-            api=not args.no_api,
-            ar_workers=args.ar_workers,
-            decoders=args.decoders,
-            assemblers=args.assemblers,
-            finalizers=args.finalizers,
-            models=list(settings.model_names),
-            api_port=args.port,
-            speech_workers=args.speech_workers or settings.speech_worker_count,
-            metrics_port=settings.metrics_port,  # a port each (docs/metrics.md)
-        )
         supervisor = Supervisor(children, child_env(settings))
         stack.callback(supervisor.stop)
         supervisor.start()
@@ -213,6 +205,35 @@ def cmd_fleet(args: argparse.Namespace, settings: Settings) -> int:
             supervisor.poll()
         log.info("stopping the fleet (%s)", signal.Signals(signals.received).name)
     return 0
+
+
+def fleet_plan(args: argparse.Namespace, settings: Settings):
+    """``narrate fleet``'s settings (``--gpus`` and ``--decoder-placement`` over NARRATE_GPUS and
+    NARRATE_DECODER_PLACEMENT) and its children, placed on the GPUs (narrate/supervisor.py);
+    ``PlacementError`` if they cannot be."""
+    from narrate.supervisor import PlacementError, fleet_children, fleet_gpu_options
+
+    update = {}
+    if args.gpus is not None:
+        if not all(c.isalnum() or c in "-_.:, " for c in args.gpus):
+            raise PlacementError(f"--gpus {args.gpus!r}: GPUs as CUDA_VISIBLE_DEVICES names them, e.g. 0,1")
+        update["gpus"] = args.gpus
+    if args.decoder_placement is not None:
+        update["decoder_placement"] = args.decoder_placement
+    settings = settings.model_copy(update=update) if update else settings
+    children = fleet_children(
+        api=not args.no_api,
+        ar_workers=args.ar_workers,
+        decoders=args.decoders,
+        assemblers=args.assemblers,
+        finalizers=args.finalizers,
+        models=list(settings.model_names),
+        api_port=args.port,
+        speech_workers=args.speech_workers or settings.speech_worker_count,
+        metrics_port=settings.metrics_port,  # a port each (docs/metrics.md)
+        **fleet_gpu_options(settings),
+    )
+    return settings, children
 
 
 #: What ``narrate file`` narrates with when neither --model nor NARRATE_DEFAULT_MODEL says: the first
@@ -400,8 +421,26 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("fleet", help="run the API and every worker as child processes")
     p.add_argument("--no-api", action="store_true", help="workers only")
     p.add_argument("--port", type=int, help="the API's port (default: NARRATE_API_PORT, 8000)")
-    p.add_argument("--ar-workers", type=int, default=1, help="AR workers per two-stage model")
-    p.add_argument("--decoders", type=int, default=1, help="decoder workers (two-stage models)")
+    p.add_argument(
+        "--ar-workers", type=int, default=1, help="AR workers per two-stage model (with --gpus: on each GPU)"
+    )
+    p.add_argument(
+        "--decoders",
+        type=int,
+        default=1,
+        help="decoder workers, two-stage models (with --gpus: on each GPU of --decoder-placement)",
+    )
+    p.add_argument(
+        "--gpus",
+        metavar="LIST",
+        help="GPUs to place AR workers and decoders on, as CUDA_VISIBLE_DEVICES names them, e.g. 0,1: "
+        "each child pinned to one (default: NARRATE_GPUS; empty: no pinning)",
+    )
+    p.add_argument(
+        "--decoder-placement",
+        metavar="WHERE",
+        help="with --gpus: 'each' GPU (default: NARRATE_DECODER_PLACEMENT, each), 'first', or a GPU of --gpus",
+    )
     p.add_argument("--assemblers", type=int, default=1, help="assemblers")
     p.add_argument("--finalizers", type=int, default=1, help="finalize workers (RQ)")
     p.add_argument(

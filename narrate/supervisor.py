@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -117,6 +118,29 @@ class Supervisor:
                 kill_group(child.process, signal.SIGKILL)
 
 
+class PlacementError(ValueError):
+    """The fleet cannot be placed on these GPUs as asked; the message says why, with the numbers."""
+
+
+def gpu_name(gpu: str) -> str:
+    """A GPU as child names show it: ``g1`` (``g`` and the id, a UUID's odd characters as ``_``)."""
+    return "g" + "".join(c if c.isalnum() or c == "-" else "_" for c in gpu)
+
+
+def decoder_gpus(gpus: Sequence[str], placement: str) -> list[str]:
+    """The GPUs that get ``--decoders`` decoders each: every one ("each"), the first ("first"), or the
+    one named."""
+    if placement == "each":
+        return list(gpus)
+    if placement == "first":
+        return list(gpus[:1])
+    if placement not in gpus:
+        raise PlacementError(
+            f"decoder placement {placement!r}: 'each', 'first' or one of the GPUs ({','.join(gpus)})"
+        )
+    return [placement]
+
+
 def fleet_children(
     *,
     api: bool,
@@ -128,24 +152,48 @@ def fleet_children(
     api_port: int | None = None,
     speech_workers: int = 1,
     metrics_port: int = 0,
+    gpus: Sequence[str] = (),
+    decoder_placement: str = "each",
+    gpu_memory_share: float | None = None,
 ) -> list[Child]:
     """The children of a fleet: AR workers (per model) and decoders for two-stage models, speech
     workers for single-stage ones (models/single_stage.py), and the stages every job goes through.
     ``metrics_port`` > 0: each worker child serves its metrics on its own port, this one and the next
-    ones in order (the API serves /metrics on its own port)."""
+    ones in order (the API serves /metrics on its own port).
+
+    ``gpus`` (NARRATE_GPUS): ``ar_workers`` AR workers per model on each GPU, ``decoders`` decoders on
+    each GPU of ``decoder_placement`` (``decoder_gpus``), each pinned by ``CUDA_VISIBLE_DEVICES`` and
+    named after its GPU (``ar-orpheus-g1-0``, ``decoder-g0-0``); none: no pinning, today's names.
+    ``gpu_memory_share`` (vLLM on a GPU: ``vllm_gpu_memory_utilization``): the AR engines of one GPU
+    must take less than all of its memory together, else ``PlacementError``."""
     from models.registry import MODELS
 
+    if len(set(gpus)) < len(gpus):
+        raise PlacementError(f"a GPU listed twice: {','.join(gpus)}")
     single = [m for m in models if m in MODELS and MODELS[m].single_stage]
     two_stage = [m for m in models if m not in single]
+    slots: list[str | None] = list(gpus) or [None]  # None: unpinned, whatever the fleet command sees
+
+    def placed(kind: str, gpu: str | None, i: int, argv: list[str]) -> Child:
+        if gpu is None:
+            return Child(f"{kind}-{i}", argv)
+        return Child(f"{kind}-{gpu_name(gpu)}-{i}", argv, env={"CUDA_VISIBLE_DEVICES": gpu})
+
     children: list[Child] = []
     if api:
         extra = ["--port", str(api_port)] if api_port else []
         children.append(Child("api", cli_argv("api", *extra)))
-    for model in two_stage:
-        for i in range(ar_workers):
-            children.append(Child(f"ar-{model}-{i}", cli_argv("ar-worker", "--model", model)))
-    for i in range(decoders if two_stage else 0):
-        children.append(Child(f"decoder-{i}", cli_argv("decoder-worker", "--models", ",".join(two_stage))))
+    for gpu in slots:
+        for model in two_stage:
+            for i in range(ar_workers):
+                children.append(placed(f"ar-{model}", gpu, i, cli_argv("ar-worker", "--model", model)))
+    if two_stage and gpu_memory_share is not None:
+        check_gpu_memory(slots, ar_workers, two_stage, gpu_memory_share)
+    decoder_slots: list[str | None] = decoder_gpus(list(gpus), decoder_placement) if gpus else [None]
+    for gpu in decoder_slots if two_stage else []:
+        for i in range(decoders):
+            argv = cli_argv("decoder-worker", "--models", ",".join(two_stage))
+            children.append(placed("decoder", gpu, i, argv))
     for i in range(speech_workers if single else 0):
         # each knows how many share the cores (a Piper engine's onnxruntime threads: models/piper.py)
         children.append(
@@ -165,6 +213,42 @@ def fleet_children(
             port = metrics_port + offset
             child.env["NARRATE_METRICS_PORT"] = str(port if port <= 65535 else 0)  # past the last: none
     return children
+
+
+def check_gpu_memory(slots: list[str | None], ar_workers: int, models: list[str], share: float) -> None:
+    """Each GPU's AR engines (``ar_workers`` per model) take ``share`` of its memory each (vLLM's
+    ``gpu_memory_utilization``): together less than all of it, or the last engine cannot start (vLLM
+    refuses, or finds too little room for its KV cache). Unpinned, every engine takes the first GPU the
+    fleet command sees (vLLM's), so they all count against that one."""
+    engines = ar_workers * len(models)
+    total = engines * share
+    if engines and total >= 1.0:
+        gpu = "each GPU" if slots != [None] else "the one GPU they all take (no NARRATE_GPUS)"
+        workers = f"{ar_workers} AR worker{'s' * (ar_workers != 1)}"
+        each = f"{workers} x {len(models)} model{'s' * (len(models) != 1)}: {', '.join(models)}"
+        fit = int(0.95 / engines * 100) / 100
+        raise PlacementError(
+            f"{engines} AR engine{'s' * (engines != 1)} on {gpu} ({each}) x "
+            f"NARRATE_VLLM_GPU_MEMORY_UTILIZATION={share:g} = {total:.2f} of its memory, which must stay "
+            f"below 1: lower the share (e.g. {fit:g}) or the AR workers per GPU (--ar-workers)"
+        )
+
+
+def fleet_gpu_options(settings) -> dict:
+    """``fleet_children``'s GPU arguments from the settings: the GPUs, where decoders go, and the
+    memory share each AR engine takes of its GPU (only vLLM on a GPU takes one)."""
+    device = settings.device
+    if settings.gpu_ids and device.startswith("cuda:") and device != "cuda:0":
+        raise PlacementError(
+            f"NARRATE_DEVICE={device} with NARRATE_GPUS={settings.gpus}: a pinned child sees only its own "
+            "GPU, as cuda (cuda:0); set NARRATE_DEVICE=cuda"
+        )
+    on_gpu = settings.engine == "vllm" and device.startswith("cuda")
+    return {
+        "gpus": settings.gpu_ids,
+        "decoder_placement": settings.decoder_placement,
+        "gpu_memory_share": settings.vllm_gpu_memory_utilization if on_gpu else None,
+    }
 
 
 def child_env(settings) -> dict[str, str]:

@@ -131,36 +131,19 @@ def start_fleet(
     speech_workers=1,
     max_backoff_s: float = 30.0,
 ) -> RunningFleet:
-    if "segment_cache" not in settings.model_fields_set:
-        # fleets under test and benches render every job: a repeated text would otherwise be answered
-        # from the first job's segments (jobs/segcache.py); the cache's own tests name it
-        settings = settings.model_copy(update={"segment_cache": "off"})
-    port = free_port()
-    children = fleet_children(
-        api=True,
+    """A whole fleet with its API (``start_host`` with ``api=True``); fleets under test and benches
+    render every job: a repeated text would otherwise be answered from the first job's segments
+    (jobs/segcache.py), so the segment cache is off unless the settings name it."""
+    return start_host(
+        settings,
+        log_dir,
         ar_workers=ar_workers,
         decoders=decoders,
         assemblers=assemblers,
         finalizers=finalizers,
-        models=list(settings.model_names),
-        api_port=port,
         speech_workers=speech_workers,
-        metrics_port=settings.metrics_port,  # each worker its own port from there (0: none)
+        max_backoff_s=max_backoff_s,
     )
-    supervisor = Supervisor(children, child_env(settings), log_dir=log_dir, max_backoff_s=max_backoff_s)
-    supervisor.start()
-    fleet = RunningFleet(settings, f"http://127.0.0.1:{port}", supervisor, log_dir)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{fleet.base_url}/health", timeout=2).status_code == 200:
-                return fleet
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            fleet.stop()
-            raise RuntimeError(f"the API did not come up\n{fleet.logs()}")
-        time.sleep(0.2)
 
 
 @dataclass
@@ -868,3 +851,99 @@ def ffprobe(path, *sections: str) -> dict:
     flags = [f"-show_{section}" for section in sections]
     run = subprocess.run(["ffprobe", "-v", "error", *flags, "-of", "json", str(path)], capture_output=True, text=True, check=True)
     return json.loads(run.stdout)
+
+
+# --- several hosts on one Redis -------------------------------------------------------------------------
+
+
+def free_ports(count: int) -> int:
+    """The first of ``count`` consecutive ports free on 127.0.0.1 now (a worker's metrics each)."""
+    import socket
+
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + count > 65535:
+            continue
+        held = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket()
+                held.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+    raise RuntimeError(f"no {count} consecutive free ports")
+
+
+def start_host(
+    settings: Settings,
+    log_dir: Path,
+    *,
+    api: bool = True,
+    ar_workers=1,
+    decoders=1,
+    assemblers=1,
+    finalizers=1,
+    speech_workers=1,
+    max_backoff_s: float = 30.0,
+) -> RunningFleet:
+    """One host's fleet as ``narrate fleet`` starts it (``api=False``: ``narrate fleet --no-api``, and
+    ``base_url`` is empty), its AR workers and decoders placed on ``settings.gpus`` as the command
+    places them; several against one Redis and one storage, each with its own ``data_dir``, are one
+    fleet. Returns once the API answers (with ``api``); the segment cache is off unless set."""
+    from narrate.supervisor import fleet_gpu_options
+
+    if "segment_cache" not in settings.model_fields_set:
+        settings = settings.model_copy(update={"segment_cache": "off"})
+    port = free_port() if api else None
+    children = fleet_children(
+        api=api,
+        ar_workers=ar_workers,
+        decoders=decoders,
+        assemblers=assemblers,
+        finalizers=finalizers,
+        models=list(settings.model_names),
+        api_port=port,
+        speech_workers=speech_workers,
+        metrics_port=settings.metrics_port,
+        **fleet_gpu_options(settings),
+    )
+    supervisor = Supervisor(children, child_env(settings), log_dir=log_dir, max_backoff_s=max_backoff_s)
+    supervisor.start()
+    fleet = RunningFleet(settings, f"http://127.0.0.1:{port}" if api else "", supervisor, log_dir)
+    deadline = time.monotonic() + 60
+    while api:
+        try:
+            if httpx.get(f"{fleet.base_url}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            fleet.stop()
+            raise RuntimeError(f"the API did not come up\n{fleet.logs()}")
+        time.sleep(0.2)
+    return fleet
+
+
+def metrics_ports(fleet: RunningFleet) -> dict[str, int]:
+    """Each worker child's metrics port (``metrics_port`` set), by child name."""
+    children = fleet.supervisor.children
+    return {c.name: int(c.env["NARRATE_METRICS_PORT"]) for c in children if "NARRATE_METRICS_PORT" in c.env}
+
+
+def metric(port: int, name: str, **labels: str) -> float:
+    """One sample of a worker's /metrics on ``port`` (0 when it has none)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    return 0.0

@@ -41,6 +41,49 @@ def test_ar_worker_reserves_a_gpu():
     assert devices[0]["capabilities"] == ["gpu"]
 
 
+#: The GPU services: each AR worker and decoder service, with the GPU it reserves.
+GPU_SERVICES = {"ar-worker": "0", "decoder": "0", "ar-worker-gpu1": "1", "decoder-gpu1": "1"}
+
+
+def gpu_of(name: str) -> str:
+    """The one GPU a service reserves, by device_ids (compose refuses count beside device_ids)."""
+    (device,) = COMPOSE["services"][name]["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+    assert "count" not in device
+    (gpu,) = device["device_ids"]
+    return gpu
+
+
+def test_every_gpu_service_reserves_its_own_gpu_by_device_ids():
+    services = COMPOSE["services"]
+    gpu_services = {n for n, s in services.items() if "devices" in str(s.get("deploy", {}))}
+    assert gpu_services == set(GPU_SERVICES)
+    assert {name: gpu_of(name) for name in GPU_SERVICES} == GPU_SERVICES
+    for name in ("ar-worker-gpu1", "decoder-gpu1"):
+        twin = services[name.removesuffix("-gpu1")]
+        assert services[name]["command"] == twin["command"]
+        # the same configuration as GPU 0's but its data directory (below), on a host with two GPUs
+        assert {k: v for k, v in services[name]["environment"].items() if k != "NARRATE_DATA_DIR"} == {
+            k: v for k, v in twin["environment"].items() if k != "NARRATE_DATA_DIR"
+        }
+        assert services[name]["profiles"] == ["two-gpus"] and "profiles" not in twin
+    assert services["ar-worker-gpu1"]["deploy"]["replicas"] == services["ar-worker"]["deploy"]["replicas"]
+
+
+def test_each_gpu_has_its_own_engine_start_lock():
+    """A container sees its one GPU as GPU 0 (the lock's name, workers/runtime.py), so AR workers on
+    different GPUs that share the data volume keep their locks in different data directories; those
+    of one GPU share one (its engines start one at a time)."""
+    data_dir = {name: COMPOSE["services"][name]["environment"]["NARRATE_DATA_DIR"] for name in GPU_SERVICES}
+    by_gpu: dict[str, set[str]] = {}
+    for name, gpu in GPU_SERVICES.items():
+        by_gpu.setdefault(gpu, set()).add(data_dir[name])
+    assert all(len(dirs) == 1 for dirs in by_gpu.values()), by_gpu
+    assert len({next(iter(d)) for d in by_gpu.values()}) == len(by_gpu)  # one lock directory per GPU
+    volumes = {name: COMPOSE["services"][name]["volumes"] for name in GPU_SERVICES}
+    assert len({tuple(v) for v in volumes.values()}) == 1  # one volume: the directories are in it
+
+
 def test_every_cli_command_has_a_service_or_is_local():
     parser = build_parser()
     commands = set(parser._subparsers._group_actions[0].choices)  # noqa: SLF001 - argparse has no public API
@@ -65,11 +108,15 @@ def test_every_narrate_variable_is_a_setting():
 
 
 def test_two_ar_engines_share_one_gpu():
-    """The H200 configuration: two AR workers whose memory shares fit one GPU together."""
-    ar = COMPOSE["services"]["ar-worker"]
-    replicas = int(ar["deploy"]["replicas"].removeprefix("${NARRATE_AR_WORKERS:-").removesuffix("}"))
-    share = float(ar["environment"]["NARRATE_VLLM_GPU_MEMORY_UTILIZATION"].split(":-")[1].rstrip("}"))
-    assert replicas == 2 and replicas * share <= 0.8
+    """The H200 configuration: two AR workers whose memory shares fit one GPU together, on each GPU."""
+    per_gpu: dict[str, float] = {}
+    for name in ("ar-worker", "ar-worker-gpu1"):
+        ar = COMPOSE["services"][name]
+        replicas = int(ar["deploy"]["replicas"].removeprefix("${NARRATE_AR_WORKERS:-").removesuffix("}"))
+        share = float(ar["environment"]["NARRATE_VLLM_GPU_MEMORY_UTILIZATION"].split(":-")[1].rstrip("}"))
+        assert replicas == 2
+        per_gpu[gpu_of(name)] = per_gpu.get(gpu_of(name), 0.0) + replicas * share
+    assert per_gpu.keys() == {"0", "1"} and all(total <= 0.8 for total in per_gpu.values()), per_gpu
 
 
 # --- Prometheus (docs/metrics.md) -------------------------------------------------------------------

@@ -23,6 +23,7 @@ def test_per_window_is_a_rate_per_window():
 
 def test_fleet_variant_parses_and_refuses():
     assert fleet_variant("two:ar_workers=2,NARRATE_X=a=b") == ("two", {"ar_workers": "2", "NARRATE_X": "a=b"})
+    assert fleet_variant("two-gpus:gpus=0+1,decoder_placement=first") == ("two-gpus", {"gpus": "0,1", "decoder_placement": "first"})
     for bad in (":ar_workers=2", "two:ar_workers", "two:=2"):
         with pytest.raises(argparse.ArgumentTypeError):
             fleet_variant(bad)

@@ -7,7 +7,6 @@ short segments runs for seconds on two cores; else the tiny model's (AR worker a
 
 from __future__ import annotations
 
-import socket
 import time
 
 import httpx
@@ -16,34 +15,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fleet.settings import Settings
 from models.espeak import unavailable_reason
-from testing.fleetkit import BOOK, delete_prefix, start_fleet, submit, wait_done
+from testing.fleetkit import BOOK, delete_prefix, free_ports, start_fleet, submit, wait_done
 
 pytestmark = pytest.mark.integration
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def free_ports(count: int) -> int:
-    """The first of ``count`` consecutive ports free on 127.0.0.1 now (a worker each)."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + count > 65535:
-            continue
-        try:
-            held = []
-            for port in range(base, base + count):
-                s = socket.socket()
-                held.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in held:
-                s.close()
-    raise RuntimeError(f"no {count} consecutive free ports")
 
 
 def scrape(url: str) -> Samples:
