@@ -22,7 +22,8 @@ from api.routes import router
 from api.speech import router as speech_router
 from api.sse import EventHub
 from api.state import AppState
-from fleet.redis import async_client, sync_client
+from fleet.redis import async_client
+from fleet.redis import rq_client as make_rq_client
 from fleet.settings import Settings
 from fleet.storage import storage_from_settings
 from jobs.lexicon import LexiconStore
@@ -43,7 +44,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         client = redis_client if redis_client is not None else async_client(settings)
-        rq = rq_client if rq_client is not None else sync_client(settings)
+        rq = rq_client if rq_client is not None else make_rq_client(settings)
         store = JobStore.for_settings(client, settings)
         signer = LinkSigner(await link_secret(client, store.names, settings.link_secret), settings.link_ttl_s)
         tenants, quotas = TenantStore(client, store.names), RateQuotas(client, store.names)

@@ -17,6 +17,8 @@ DECODER_GROUP = "decoder"
 ASSEMBLER_GROUP = "assembler"
 #: Consumer group of speech workers (single-stage models) on a model's task stream.
 SPEECH_GROUP = "speech"
+#: Parts of the fleet-wide counters hash (``Names.counters``).
+COUNTER_PARTS = 8
 
 
 @dataclass(frozen=True)
@@ -110,10 +112,14 @@ class Names:
         left when the finalize ends the job. The sweep (jobs/sweep.py) looks here for lost finalizes."""
         return f"{self.prefix}:finalizing"
 
-    def counters(self) -> str:
+    def counters(self, part: int = 0) -> str:
         """Hash: fleet-wide counters that Prometheus reads through the API's /metrics (jobs/metrics.py):
-        ``jobs_ended:<state>`` -> jobs that ended so (done, failed, cancelled)."""
-        return f"{self.prefix}:counters"
+        ``jobs_ended:<state>`` -> jobs that ended so (done, failed, cancelled). Kept in
+        ``COUNTER_PARTS`` parts (a job counts in the part of its id), summed when read: on a Redis
+        Cluster each part is its own slot, so no one slot takes every job's end."""
+        if part == 0:
+            return f"{self.prefix}:counters"  # the name from before the parts
+        return f"{self.prefix}:counters:{{{self.prefix}.c{part}}}"
 
     def sweep_lock(self) -> str:
         """String with a TTL of one sweep interval: the worker that set it runs this interval's sweep."""

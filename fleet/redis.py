@@ -1,10 +1,23 @@
-"""Redis connections. Payloads are binary (PCM, codes), so clients never decode responses."""
+"""Redis connections. Payloads are binary (PCM, codes), so clients never decode responses.
+
+``REDIS_URL`` names one server (``redis://``, ``rediss://``, ``unix://``) or a Redis/Valkey Cluster
+(``redis+cluster://[user:password@]host:port[,host:port...]``, ``rediss+cluster://`` with TLS; the
+nodes are startup nodes, the client finds the rest). On a cluster every client is redis-py's
+``RedisCluster``, and RQ (which does not support Redis Cluster) gets the standalone server of
+``NARRATE_RQ_REDIS_URL``: ``rq_client``, never the fleet's client, is what RQ is given.
+"""
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import dataclass
+from urllib.parse import unquote
+
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.backoff import ExponentialBackoff
+from redis.cluster import RedisCluster
 from redis.exceptions import BusyLoadingError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -19,6 +32,50 @@ SOCKET_TIMEOUT_S = 30.0
 #: Errors after which a command is retried on a fresh connection (Redis restarting, network blips).
 TRANSIENT_ERRORS = (RedisConnectionError, RedisTimeoutError, BusyLoadingError, ConnectionResetError)
 
+#: URL schemes that name a cluster, and the scheme of one of its nodes.
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+
+class RedisConfigError(RuntimeError):
+    """The Redis settings cannot work (said at start-up, before anything is read or written)."""
+
+
+@dataclass(frozen=True)
+class ClusterURL:
+    nodes: tuple[tuple[str, int], ...]
+    username: str | None = None
+    password: str | None = None
+    ssl: bool = False
+
+
+def parse_cluster_url(url: str) -> ClusterURL | None:
+    """The startup nodes and credentials of a ``redis+cluster://`` URL; None for any other URL."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in CLUSTER_SCHEMES:
+        return None
+    netloc, _, path = rest.partition("/")
+    path = path.partition("?")[0]
+    if path not in ("", "0"):
+        raise RedisConfigError(f"a Redis Cluster has only database 0, not {path!r} ({scheme}://...)")
+    auth, _, hosts = netloc.rpartition("@")
+    user, _, password = auth.partition(":")
+    nodes = []
+    for item in filter(None, (h.strip() for h in hosts.split(","))):
+        if item.startswith("["):  # [ipv6]:port
+            host, _, port = item[1:].partition("]")
+            port = port.lstrip(":")
+        else:
+            host, _, port = item.rpartition(":") if ":" in item else (item, "", "")
+        try:
+            nodes.append((host, int(port or 6379)))
+        except ValueError:
+            raise RedisConfigError(f"bad node {item!r} in the Redis Cluster URL") from None
+    if not nodes:
+        raise RedisConfigError("a redis+cluster:// URL names no node")
+    return ClusterURL(
+        tuple(nodes), unquote(user) or None, unquote(password) or None, scheme.lower() == "rediss+cluster"
+    )
+
 
 def redis_url(settings: Settings) -> str:
     if not settings.redis_url:
@@ -28,28 +85,69 @@ def redis_url(settings: Settings) -> str:
     return settings.redis_url
 
 
+def cluster_of(settings: Settings) -> ClusterURL | None:
+    """The fleet's cluster (None: one server). Refuses a cluster without a Redis for RQ."""
+    cluster = parse_cluster_url(redis_url(settings))
+    if cluster is not None and not settings.rq_redis_url:
+        raise RedisConfigError(
+            "REDIS_URL names a Redis Cluster, which RQ (the finalize queue) does not support: set "
+            "NARRATE_RQ_REDIS_URL to a standalone Redis for it"
+        )
+    return cluster
+
+
+def is_cluster(client) -> bool:
+    return isinstance(client, RedisCluster | AsyncRedisCluster)
+
+
+class _WaitingCluster(AsyncRedisCluster):
+    """The asyncio cluster client raises MaxConnectionsError when a node's connections are all in
+    use; the fleet's callers wait instead (as with the BlockingConnectionPool of one server)."""
+
+    def __init__(self, *args, waiting_limit: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._waiting = asyncio.Semaphore(waiting_limit)
+
+    async def execute_command(self, *args, **kwargs):
+        async with self._waiting:
+            return await super().execute_command(*args, **kwargs)
+
+
 def async_client(settings: Settings) -> aioredis.Redis:
     """A client whose pool makes callers wait for a free connection rather than fail: a worker with
     hundreds of segments in flight must queue its Redis calls, not crash on "Too many connections"."""
+    from redis.asyncio.cluster import ClusterNode
     from redis.asyncio.retry import Retry as AsyncRetry
 
-    pool = aioredis.BlockingConnectionPool.from_url(
-        redis_url(settings),
-        max_connections=settings.redis_max_connections,
-        timeout=SOCKET_TIMEOUT_S,
+    retry = AsyncRetry(ExponentialBackoff(cap=2.0, base=0.05), retries=8)
+    common = dict(
         decode_responses=False,
         socket_timeout=SOCKET_TIMEOUT_S,
         socket_connect_timeout=5.0,
         health_check_interval=30,
-        retry=AsyncRetry(ExponentialBackoff(cap=2.0, base=0.05), retries=8),
+        retry=retry,
         retry_on_error=list(TRANSIENT_ERRORS),
+    )
+    cluster = cluster_of(settings)
+    if cluster is not None:
+        return _WaitingCluster(
+            startup_nodes=[ClusterNode(host, port) for host, port in cluster.nodes],
+            username=cluster.username,
+            password=cluster.password,
+            ssl=cluster.ssl,
+            # per node; pipelines take connections beside the waiting commands: room for them
+            max_connections=2 * settings.redis_max_connections,
+            waiting_limit=settings.redis_max_connections,
+            **common,
+        )
+    pool = aioredis.BlockingConnectionPool.from_url(
+        redis_url(settings), max_connections=settings.redis_max_connections, timeout=SOCKET_TIMEOUT_S, **common
     )
     return aioredis.Redis.from_pool(pool)  # the client owns the pool: aclose() closes it
 
 
-def sync_client(settings: Settings) -> redis.Redis:
-    return redis.Redis.from_url(
-        redis_url(settings),
+def _sync_options() -> dict:
+    return dict(
         decode_responses=False,
         socket_timeout=SOCKET_TIMEOUT_S,
         socket_connect_timeout=5.0,
@@ -57,3 +155,36 @@ def sync_client(settings: Settings) -> redis.Redis:
         retry=RedisRetry(ExponentialBackoff(cap=2.0, base=0.05), retries=8),
         retry_on_error=list(TRANSIENT_ERRORS),
     )
+
+
+def sync_client(settings: Settings) -> redis.Redis:
+    """The fleet's keys, from synchronous code (a ``RedisCluster`` on a cluster). Not for RQ."""
+    from redis.cluster import ClusterNode
+
+    cluster = cluster_of(settings)
+    if cluster is not None:
+        return RedisCluster(
+            startup_nodes=[ClusterNode(host, port) for host, port in cluster.nodes],
+            username=cluster.username,
+            password=cluster.password,
+            ssl=cluster.ssl,
+            **_sync_options(),
+        )
+    return redis.Redis.from_url(redis_url(settings), **_sync_options())
+
+
+def rq_url(settings: Settings) -> str:
+    """RQ's Redis: ``NARRATE_RQ_REDIS_URL``, else the fleet's own (when that is one server)."""
+    url = settings.rq_redis_url or redis_url(settings)
+    if parse_cluster_url(url) is not None:
+        what = "NARRATE_RQ_REDIS_URL" if settings.rq_redis_url else "REDIS_URL"
+        raise RedisConfigError(
+            f"{what} names a Redis Cluster, which RQ (the finalize queue) does not support: set "
+            "NARRATE_RQ_REDIS_URL to a standalone Redis for it"
+        )
+    return url
+
+
+def rq_client(settings: Settings) -> redis.Redis:
+    """RQ's connection (RQ pickles payloads: a client without decode_responses)."""
+    return redis.Redis.from_url(rq_url(settings), **_sync_options())

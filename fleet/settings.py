@@ -257,6 +257,12 @@ class Settings(BaseSettings):
     #: Address the worker endpoints listen on (0.0.0.0 in containers, for Prometheus to reach them).
     metrics_host: str = "127.0.0.1"
 
+    # --- Redis Cluster ---
+    #: RQ's Redis (the finalize queue) when REDIS_URL names a cluster (``redis+cluster://``): RQ does
+    #: not support Redis Cluster, so it needs a standalone server. Unset: the fleet's own Redis, which
+    #: must then not be a cluster (fleet/redis.py refuses to start).
+    rq_redis_url: str | None = None
+
     def decode_linger_s(self) -> float:
         if self.decode_linger_ms is not None:
             return self.decode_linger_ms / 1000

@@ -15,7 +15,7 @@ import zipfile
 from pathlib import Path
 
 from fleet.names import JobObjects
-from fleet.redis import async_client, sync_client
+from fleet.redis import async_client, rq_client
 from fleet.settings import Settings
 from fleet.storage import Storage, storage_from_settings
 from jobs.audio import Pauses, format_named, stitch
@@ -179,7 +179,7 @@ def forget_finalize(settings: Settings, job_id: str, connection=None) -> None:
     from rq.job import Job as RQJob
 
     own = connection is None
-    connection = connection or sync_client(settings)
+    connection = connection or rq_client(settings)
     try:
         RQJob.fetch(finalize_rq_id(settings, job_id), connection=connection).delete()
     except NoSuchJobError:
@@ -196,7 +196,7 @@ def enqueue_finalize(settings: Settings, job_id: str, connection=None) -> None:
     from rq.exceptions import DuplicateJobError
     from rq.job import Job as RQJob
 
-    connection = connection or sync_client(settings)
+    connection = connection or rq_client(settings)
     rq_id = finalize_rq_id(settings, job_id)
     if RQJob.exists(rq_id, connection=connection):
         return

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from fleet.names import AR_GROUP, ASSEMBLER_GROUP, DECODER_GROUP, SPEECH_GROUP, Names
+from fleet.names import AR_GROUP, ASSEMBLER_GROUP, COUNTER_PARTS, DECODER_GROUP, SPEECH_GROUP, Names
 from fleet.readiness import MISSED_BEATS
 from fleet.settings import Settings
 from jobs.model import JobStatus
@@ -87,7 +87,8 @@ async def read_fleet(store: JobStore, settings: Settings) -> FleetSnapshot:
     # 1) everything whose keys are known up front
     pipe = redis.pipeline(transaction=False)
     pipe.smembers(names.tenants())
-    pipe.hgetall(names.counters())
+    for part in range(COUNTER_PARTS):
+        pipe.hgetall(names.counters(part))
     pipe.xlen(names.dead_letters())
     pipe.llen(RQ_QUEUE_PREFIX + settings.finalize_queue)
     for _kind, _model, key, _group in streams:
@@ -99,7 +100,10 @@ async def read_fleet(store: JobStore, settings: Settings) -> FleetSnapshot:
         pipe.get(key)
     replies = iter(await pipe.execute(raise_on_error=False))
     tenants = sorted(t.decode() for t in _ok(next(replies), set()))
-    counters = {k.decode(): int(v) for k, v in _ok(next(replies), {}).items()}
+    counters: dict[str, int] = {}
+    for _ in range(COUNTER_PARTS):  # summed over the parts
+        for k, v in _ok(next(replies), {}).items():
+            counters[k.decode()] = counters.get(k.decode(), 0) + int(v)
     snap = FleetSnapshot(dead_letters=int(_ok(next(replies), 0)), finalize_queue=int(_ok(next(replies), 0)))
     snap.jobs_ended = {state: counters.get(f"jobs_ended:{state}", 0) for state in ENDED_STATES}
     lengths: dict[tuple[str, str, str], list[int]] = {}

@@ -13,16 +13,30 @@ import time
 
 import redis.asyncio as aioredis
 from limits import RateLimitItemPerDay, RateLimitItemPerMinute
-from limits.aio.storage import RedisStorage
+from limits.aio.storage import RedisClusterStorage, RedisStorage
 from limits.aio.strategies import FixedWindowRateLimiter, SlidingWindowCounterRateLimiter
 
 from fleet.names import Names
+from fleet.redis import is_cluster
 from jobs.errors import QuotaExceeded
+
+
+def _cluster_storage(redis, names: Names) -> RedisClusterStorage:
+    """The limits library's cluster storage, on the nodes and credentials of the fleet's client
+    (it makes its own client: it cannot take one; its keys carry hash tags of their own)."""
+    nodes = ",".join(f"{n.host}:{n.port}" for n in redis.nodes_manager.startup_nodes.values())
+    kwargs = redis.connection_kwargs
+    options = {k: kwargs[k] for k in ("username", "password") if kwargs.get(k)}
+    if kwargs.get("connection_class") is not None and "SSL" in kwargs["connection_class"].__name__:
+        options["ssl"] = True
+    return RedisClusterStorage(
+        f"async+redis+cluster://{nodes}", implementation="redispy", key_prefix=names.rate_limits(), **options
+    )
 
 
 class RateQuotas:
     def __init__(self, redis: aioredis.Redis, names: Names) -> None:
-        storage = RedisStorage(
+        storage = _cluster_storage(redis, names) if is_cluster(redis) else RedisStorage(
             "async+redis://",
             implementation="redispy",
             connection_pool=redis.connection_pool,

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import time
+import zlib
 from dataclasses import asdict, dataclass
 
 import redis.asyncio as aioredis
 
 from fleet.messages import AudioChunk, SegmentTask
-from fleet.names import Names
+from fleet.names import COUNTER_PARTS, Names
+from fleet.redis import is_cluster
 from jobs import scripts
 from jobs.model import EventType, Job, JobStatus
 from jobs.scheduler import Scheduler
@@ -99,13 +101,18 @@ class JobStore:
 
     async def _create(self, job: Job, plan: Plan | str) -> None:
         n = self.names
-        pipe = self.redis.pipeline(transaction=True)
+        if is_cluster(self.redis):
+            # a MULTI stays in one slot: the indexes (other slots) first, then the job's keys at
+            # once; an index entry without its job is what an expired job leaves, and is handled so
+            index = self.redis.pipeline(transaction=False)
+            self._index(index, job)
+            await index.execute()
+            pipe = self.redis.pipeline(transaction=True)
+        else:
+            pipe = self.redis.pipeline(transaction=True)
+            self._index(pipe, job)
         pipe.hset(n.job(job.id), mapping=job.to_hash())
         pipe.set(n.plan(job.id), plan if isinstance(plan, str) else plan.to_json())
-        pipe.zadd(n.jobs_index(), {job.id: job.created_at})
-        pipe.zadd(n.tenant_jobs(job.tenant), {job.id: job.created_at})
-        pipe.sadd(n.tenant_active(job.tenant), job.id)
-        pipe.sadd(n.tenants(), job.tenant)
         self._event(
             pipe,
             job.id,
@@ -113,6 +120,13 @@ class JobStore:
             {"segments": job.segments_total, "chapters": job.chapters, "reused": job.segments_reused},
         )
         await pipe.execute()
+
+    def _index(self, pipe, job: Job) -> None:
+        n = self.names
+        pipe.zadd(n.jobs_index(), {job.id: job.created_at})
+        pipe.zadd(n.tenant_jobs(job.tenant), {job.id: job.created_at})
+        pipe.sadd(n.tenant_active(job.tenant), job.id)
+        pipe.sadd(n.tenants(), job.tenant)
 
     async def get(self, job_id: str) -> Job | None:
         raw = await self.redis.hgetall(self.names.job(job_id))
@@ -328,7 +342,8 @@ class JobStore:
         if owner:
             tenant, model, priority, shard = owner
             # once per job, by whoever ended it: narrate_jobs_ended_total (jobs/metrics.py)
-            await self.redis.hincrby(n.counters(), f"jobs_ended:{status.value}", 1)
+            part = zlib.crc32(job_id.encode()) % COUNTER_PARTS  # any id, not only hex ones
+            await self.redis.hincrby(n.counters(part), f"jobs_ended:{status.value}", 1)
             await self.clear_scratch(job_id)
             await self.release_job_slot(tenant, job_id)
             if model:

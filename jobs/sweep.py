@@ -107,7 +107,8 @@ class Sweeper:
     def stage_streams(self) -> list[str]:
         names = self.store.names
         models = self.settings.model_names
-        return [*(names.tasks(m) for m in models), *(names.codes(m) for m in models), names.audio()]
+        tasks = [names.tasks(m, shard) for m in models for shard in range(self.settings.task_shards)]
+        return [*tasks, *(names.codes(m) for m in models), names.audio()]
 
     async def _forget_dead_consumers(self) -> int:
         redis = self.store.redis

@@ -479,43 +479,47 @@ def stage_streams(names: Names, model: str = "tiny") -> list[tuple[str, str]]:
     ]
 
 
-def orphan_keys(r: redis.Redis, names: Names, job_ids: list[str]) -> list[str]:
+def orphan_keys(r: redis.Redis, names: Names, job_ids: list[str], rq: redis.Redis | None = None) -> list[str]:
     """Keys that should not exist once these jobs have ended: any per-job key (``{p}:job:{<id>}...``)
     but the long-lived keys of these jobs (no delta hash, no scratch set, nothing of another job), RQ's
     record of their finalize (a success leaves none), and any other RQ key naming them that would never
     expire. (RQ's own housekeeping may leave a key naming the RQ job with a TTL, e.g.
     ``rq:queue:...:intermediate:first_seen:<id>`` (24 h) when its maintenance saw the job between
     dequeue and start; those expire by themselves and are not counted.) Fleet-wide keys (streams, the
-    job index) are not per-job; the stage streams are checked empty by ``assert_nothing_left``."""
+    job index) are not per-job; the stage streams are checked empty by ``assert_nothing_left``.
+    ``rq``: RQ's own Redis where it is another (the fleet on a cluster); default ``r``."""
     from jobs.finalize import finalize_rq_id
 
     allowed: set[str] = set()
     for job_id in job_ids:
         allowed |= set(names.job_keys(job_id)) - {names.scratch_keys(job_id)}
     found = {k.decode() for k in r.scan_iter(match=f"{names.prefix}:job:*", count=1000)} - allowed
+    rq = rq if rq is not None else r
     for job_id in job_ids:
-        for key in r.scan_iter(match=f"rq:*{job_id}*", count=1000):
+        for key in rq.scan_iter(match=f"rq:*{job_id}*", count=1000):
             rq_job = key.decode() == f"rq:job:{finalize_rq_id(Settings(key_prefix=names.prefix), job_id)}"
-            if rq_job or r.ttl(key) == -1:
+            if rq_job or rq.ttl(key) == -1:
                 found.add(key.decode())
     return sorted(found)
 
 
-def settled_orphan_keys(r: redis.Redis, names: Names, job_ids: list[str], settle_s: float = 15) -> list[str]:
+def settled_orphan_keys(
+    r: redis.Redis, names: Names, job_ids: list[str], settle_s: float = 15, rq: redis.Redis | None = None
+) -> list[str]:
     """``orphan_keys`` once RQ has had ``settle_s`` to delete its record of a finalize that has just
     returned (the job turns 'done' inside the finalize, a moment before RQ marks it finished)."""
     deadline = time.monotonic() + settle_s
-    while (orphans := orphan_keys(r, names, job_ids)) and time.monotonic() < deadline:
+    while (orphans := orphan_keys(r, names, job_ids, rq)) and time.monotonic() < deadline:
         time.sleep(0.5)
     return orphans
 
 
-def assert_nothing_left(r: redis.Redis, names: Names, job_ids: list[str]) -> None:
+def assert_nothing_left(r: redis.Redis, names: Names, job_ids: list[str], rq: redis.Redis | None = None) -> None:
     """No stage stream holds an entry or a pending delivery; no orphan key remains."""
     for stream, group in stage_streams(names):
         left = (r.xlen(stream), r.xpending(stream, group)["pending"])
         assert left == (0, 0), f"{stream}: {left[0]} entries, {left[1]} pending"
-    orphans = settled_orphan_keys(r, names, job_ids)
+    orphans = settled_orphan_keys(r, names, job_ids, rq=rq)
     assert orphans == [], [(k, r.type(k), r.ttl(k)) for k in orphans]
 
 
@@ -567,12 +571,34 @@ def espeak_fleet(redis_url: str, data_dir: Path, log_dir: Path, name: str, **ove
     return speech_fleet(redis_url, data_dir, log_dir, name, "espeak", **overrides)
 
 
-def delete_prefix(url: str, prefix: str) -> None:
-    client = redis.Redis.from_url(url)
-    for pattern in (f"{prefix}:*", f"rq:*{prefix}*"):
-        keys = list(client.scan_iter(match=pattern, count=1000))
-        for i in range(0, len(keys), 500):
-            client.delete(*keys[i : i + 500])
+def connect(url: str) -> redis.Redis:
+    """A synchronous client of ``url``: redis-py's cluster client for a ``redis+cluster://`` URL."""
+    from fleet.redis import parse_cluster_url
+
+    cluster = parse_cluster_url(url)
+    if cluster is None:
+        return redis.Redis.from_url(url)
+    from redis.cluster import ClusterNode, RedisCluster
+
+    return RedisCluster(
+        startup_nodes=[ClusterNode(host, port) for host, port in cluster.nodes],
+        username=cluster.username,
+        password=cluster.password,
+        ssl=cluster.ssl,
+    )
+
+
+def delete_prefix(url: str, prefix: str, rq_url: str | None = None) -> None:
+    """Every key of the prefix (on a cluster: on every primary), and RQ's keys of it (on ``rq_url``,
+    RQ's own Redis, where given)."""
+    for server, patterns in ((url, (f"{prefix}:*", f"rq:*{prefix}*")), (rq_url, (f"rq:*{prefix}*",))):
+        if server is None:
+            continue
+        with contextlib.closing(connect(server)) as client:
+            for pattern in patterns:
+                keys = list(client.scan_iter(match=pattern, count=1000))
+                for i in range(0, len(keys), 500):
+                    client.delete(*keys[i : i + 500])  # a cluster client splits them by slot
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str, every: float = 0.2) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from fleet.messages import AudioChunk
 from fleet.names import ASSEMBLER_GROUP
-from fleet.redis import sync_client
+from fleet.redis import rq_client
 from fleet.settings import Settings
 from jobs.finalize import enqueue_finalize
 from jobs.model import Job
@@ -65,7 +65,7 @@ class Assembler(Stage[AudioChunk]):
 
     async def _sweep(self) -> None:
         if self.sweeper is None:
-            rq = sync_client(self.ctx.settings)
+            rq = rq_client(self.ctx.settings)
             self.sweeper = Sweeper(
                 self.ctx.settings, self.ctx.store, self.ctx.storage, rq, self.transport.name
             )

@@ -13,16 +13,17 @@ import threading
 import time
 
 from fleet.names import Names
-from fleet.redis import sync_client
+from fleet.redis import rq_client, sync_client
 from fleet.settings import Settings
 from workers import metrics
 
 log = logging.getLogger(__name__)
 
 
-def measured_worker_class(names: Names):
+def measured_worker_class(names: Names, fleet_redis=None):
     """RQ's worker, measuring each finalize in this process (the work horse RQ forks for it exits with
-    whatever it counted): how long it took, and the narration job's state after it (one read)."""
+    whatever it counted): how long it took, and the narration job's state after it (one read, from
+    ``fleet_redis``: on a Redis Cluster RQ's own connection is another server; None: RQ's)."""
     from rq import Worker
 
     class MeasuredWorker(Worker):
@@ -36,7 +37,7 @@ def measured_worker_class(names: Names):
         def _measure(self, job, seconds: float) -> None:
             try:
                 job_id = job.args[0]
-                raw = self.connection.hget(names.job(job_id), "status")
+                raw = (fleet_redis or self.connection).hget(names.job(job_id), "status")
             except Exception:  # noqa: BLE001 - metrics never fail a finalize
                 log.debug("could not read the state after finalize %s", job.id, exc_info=True)
                 return
@@ -55,11 +56,12 @@ def run_finalize_worker(settings: Settings, burst: bool = False) -> int:
     from rq import Queue
 
     metrics.serve(settings, "finalize worker")
-    connection = sync_client(settings)  # RQ pickles payloads: a client without decode_responses
+    connection = rq_client(settings)  # RQ pickles payloads: a client without decode_responses
+    fleet_redis = sync_client(settings)
     queue = Queue(settings.finalize_queue, connection=connection)
     # Registry maintenance (which retries or fails the job of a worker that was killed mid-finalize,
     # once its timeout has passed) every minute instead of RQ's default ten.
-    worker_class = measured_worker_class(Names(settings.key_prefix))
+    worker_class = measured_worker_class(Names(settings.key_prefix), fleet_redis)
     worker = worker_class([queue], connection=connection, maintenance_interval=60)
     stop = threading.Event()
     scheduler = threading.Thread(
@@ -71,6 +73,7 @@ def run_finalize_worker(settings: Settings, burst: bool = False) -> int:
     finally:
         stop.set()
         scheduler.join(5)
+        fleet_redis.close()
     return 0
 
 
@@ -79,7 +82,7 @@ def schedule(settings: Settings, queue_name: str, stop: threading.Event) -> None
     queue's scheduler lock if no one else does, and queue scheduled jobs (retries) whose time came."""
     from rq.scheduler import RQScheduler
 
-    scheduler = RQScheduler([queue_name], connection=sync_client(settings))
+    scheduler = RQScheduler([queue_name], connection=rq_client(settings))
     scheduler.register_birth()
     try:
         while not stop.wait(scheduler.interval):

@@ -30,6 +30,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from fleet.messages import DeadLetter, Fields, job_id_of
+from fleet.redis import is_cluster
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,9 @@ log = logging.getLogger(__name__)
 DEAD_LETTERS_MAXLEN = 100_000
 #: A lingering batch looks for more entries this often (an urgent one then ends the wait).
 LINGER_SLICE_S = 0.025
+#: On a Redis Cluster a consumer of streams in several slots blocks on one slot at a time: this long
+#: for all its slots in turn (what work arriving in another slot may wait), milliseconds.
+CLUSTER_BLOCK_SLICE_MS = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +158,8 @@ class RedisStreams(Transport):
         self.held: set[tuple[str, bytes]] = set()  # entries this consumer is working on
         self._last_reclaim = 0.0
         self._batch = []
+        self._by_slot: list[list[str]] | None = None
+        self._turn = 0
 
     async def setup(self) -> None:
         for stream in self.streams:
@@ -172,18 +178,56 @@ class RedisStreams(Transport):
         if len(out) < count:
             if self.admit is not None:
                 await self.admit(count - len(out))
-            reply = await self.redis.xreadgroup(
-                self.group,
-                self.name,
-                {s: ">" for s in self.streams},
-                count=count - len(out),
-                block=None if out else block_ms,
-            )
-            for stream, entries in reply or []:
-                for entry_id, fields in entries:
-                    out.append(Delivery(stream.decode(), entry_id, fields, 1))
+            out += await self._read_new(count - len(out), None if out else block_ms)
         self.held.update((d.stream, d.entry_id) for d in out)
         return out
+
+    async def _xreadgroup(self, streams: list[str], count: int, block_ms: int | None) -> list[Delivery]:
+        reply = await self.redis.xreadgroup(
+            self.group, self.name, {s: ">" for s in streams}, count=count, block=block_ms
+        )
+        return [
+            Delivery(stream.decode(), entry_id, fields, 1)
+            for stream, entries in reply or []
+            for entry_id, fields in entries
+        ]
+
+    async def _read_new(self, count: int, block_ms: int | None) -> list[Delivery]:
+        """New entries: one XREADGROUP over every stream on one server. On a cluster a read names one
+        slot's streams only: each slot in turn, starting one further at every read (no shard is
+        favoured); when all are empty, a short blocking read on each in turn until ``block_ms``."""
+        slots = self._slots()
+        if len(slots) == 1:
+            return await self._xreadgroup(slots[0], count, block_ms)
+        self._turn = (self._turn + 1) % len(slots)
+        order = slots[self._turn :] + slots[: self._turn]
+        out: list[Delivery] = []
+        for streams in order:
+            out += await self._xreadgroup(streams, count - len(out), None)
+            if len(out) >= count:
+                return out
+        if out or block_ms is None:
+            return out
+        loop = asyncio.get_running_loop()
+        until = loop.time() + (block_ms / 1000 if block_ms else float("inf"))  # 0: for ever, as BLOCK 0
+        slice_ms = max(CLUSTER_BLOCK_SLICE_MS // len(order), 5)
+        while (left := until - loop.time()) > 0:
+            for streams in order:
+                if out := await self._xreadgroup(streams, count, max(int(min(slice_ms, left * 1000)), 1)):
+                    return out
+        return out
+
+    def _slots(self) -> list[list[str]]:
+        """The streams grouped by Redis Cluster slot (one group on one server)."""
+        if self._by_slot is None:
+            if is_cluster(self.redis):
+                groups: dict[int, list[str]] = {}
+                for stream in self.streams:
+                    groups.setdefault(self.redis.keyslot(stream), []).append(stream)
+                self._by_slot = list(groups.values())
+            else:
+                self._by_slot = [self.streams]
+        return self._by_slot
 
     async def _reclaim(self, count: int) -> list[Delivery]:
         loop_time = asyncio.get_running_loop().time()

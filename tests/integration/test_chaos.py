@@ -4,6 +4,7 @@ A longer version (more segments, more kills, several Redis restarts) is bench/ch
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 import redis
 
 from fleet.names import AR_GROUP, Names
+from fleet.redis import rq_url
 from fleet.settings import Settings
 from testing.fleetkit import (
     KINDS,
@@ -18,6 +20,8 @@ from testing.fleetkit import (
     PrivateValkey,
     assert_nothing_left,
     chaos_settings,
+    connect,
+    delete_prefix,
     download,
     manifest_segments,
     short_sentences,
@@ -38,30 +42,47 @@ RESTART_WITHIN_S = 2.0
 KILL_EVERY_S = 3.0
 
 
-@pytest.fixture(scope="module")
-def chaos_fleet(data_dir, tiny_dir, tmp_path_factory):
-    """2 AR workers, 2 decoders, 2 assemblers and an RQ worker on a private Valkey, and the audio of
-    the job narrated once undisturbed (the reference every chaos run must reproduce bit for bit)."""
-    valkey = PrivateValkey(tmp_path_factory.mktemp("chaos-valkey")).start()
-    settings = chaos_settings(valkey.url, data_dir, "chaos")
+def _chaos_fleet(settings, log_dir):
+    """2 AR workers, 2 decoders, 2 assemblers and an RQ worker, and the audio of the job narrated
+    once undisturbed (the reference every chaos run must reproduce bit for bit)."""
     fleet = start_fleet(
-        settings,
-        tmp_path_factory.mktemp("chaos-logs"),
-        ar_workers=2,
-        decoders=2,
-        assemblers=2,
-        finalizers=1,
-        max_backoff_s=RESTART_WITHIN_S,
+        settings, log_dir, ar_workers=2, decoders=2, assemblers=2, finalizers=1, max_backoff_s=RESTART_WITHIN_S
     )
     try:
         with fleet.client() as client:
             calm = submit(client, text=TEXT)["id"]
             assert wait_done(client, calm, timeout=600)["status"] == "done", fleet.logs()
             reference = download(client, calm)[0]
-        yield fleet, valkey, reference, [calm]
+        yield fleet, reference, [calm]
     finally:
         fleet.stop()
+
+
+@pytest.fixture(scope="module")
+def chaos_fleet(data_dir, tiny_dir, tmp_path_factory):
+    """The chaos fleet on a private Valkey (restartable: the Redis-restart runs)."""
+    valkey = PrivateValkey(tmp_path_factory.mktemp("chaos-valkey")).start()
+    try:
+        settings = chaos_settings(valkey.url, data_dir, "chaos")
+        for fleet, reference, jobs in _chaos_fleet(settings, tmp_path_factory.mktemp("chaos-logs")):
+            yield fleet, valkey, reference, jobs
+    finally:
         valkey.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster_chaos_fleet(valkey_cluster, redis_url, data_dir, tiny_dir, tmp_path_factory):
+    """The chaos fleet on a Valkey Cluster (3 primaries + 3 replicas), three task shards; RQ on the
+    machine's Redis. No Redis restart here (failover is another test's)."""
+    prefix = f"chaos-cluster-{int(time.time() * 1000) % 10**9}"
+    settings = chaos_settings(valkey_cluster.url, data_dir, prefix).model_copy(
+        update={"rq_redis_url": redis_url, "task_shards": 3}
+    )
+    try:
+        for fleet, reference, jobs in _chaos_fleet(settings, tmp_path_factory.mktemp("chaos-cluster-logs")):
+            yield fleet, None, reference, jobs
+    finally:
+        delete_prefix(valkey_cluster.url, prefix, redis_url)
 
 
 def check_storm(fleet, valkey, reference, jobs, **storm_args):
@@ -78,15 +99,19 @@ def check_storm(fleet, valkey, reference, jobs, **storm_args):
         assert result.job["segments_done"] == result.job["segments_total"] == SEGMENTS
         assert manifest_segments(fleet.settings, stormy) == list(range(SEGMENTS))  # each once, in order
         np.testing.assert_array_equal(download(client, stormy)[0], reference)  # bit for bit
-    with redis.Redis.from_url(valkey.url) as r:
-        assert_nothing_left(r, names, jobs)
+    settings = fleet.settings
+    with contextlib.closing(connect(settings.redis_url)) as r, contextlib.closing(connect(rq_url(settings))) as rq:
+        assert_nothing_left(r, names, jobs, rq=rq)
         assert r.xlen(names.dead_letters()) == 0
+        for shard in range(1, settings.task_shards):  # assert_nothing_left looks at shard 0
+            assert (r.xlen(names.tasks("tiny", shard)), r.xpending(names.tasks("tiny", shard), AR_GROUP)["pending"]) == (0, 0)
     return result
 
 
 @pytest.mark.timeout(900)
-def test_sigkill_every_worker_kind_during_a_job(chaos_fleet):
-    check_storm(*chaos_fleet, seed=7)
+@pytest.mark.parametrize("where", ["server", "cluster"])
+def test_sigkill_every_worker_kind_during_a_job(where, request):
+    check_storm(*request.getfixturevalue("chaos_fleet" if where == "server" else "cluster_chaos_fleet"), seed=7)
 
 
 @pytest.mark.timeout(900)
