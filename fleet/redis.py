@@ -96,6 +96,16 @@ def cluster_of(settings: Settings) -> ClusterURL | None:
     return cluster
 
 
+def _cluster_nodes(cluster: ClusterURL, node_class) -> dict:
+    """The cluster clients' startup nodes and credentials (redis-py's sync and asyncio ClusterNode)."""
+    return dict(
+        startup_nodes=[node_class(host, port) for host, port in cluster.nodes],
+        username=cluster.username,
+        password=cluster.password,
+        ssl=cluster.ssl,
+    )
+
+
 def is_cluster(client) -> bool:
     return isinstance(client, RedisCluster | AsyncRedisCluster)
 
@@ -131,10 +141,7 @@ def async_client(settings: Settings) -> aioredis.Redis:
     cluster = cluster_of(settings)
     if cluster is not None:
         return _WaitingCluster(
-            startup_nodes=[ClusterNode(host, port) for host, port in cluster.nodes],
-            username=cluster.username,
-            password=cluster.password,
-            ssl=cluster.ssl,
+            **_cluster_nodes(cluster, ClusterNode),
             # per node; pipelines take connections beside the waiting commands: room for them
             max_connections=2 * settings.redis_max_connections,
             waiting_limit=settings.redis_max_connections,
@@ -159,18 +166,18 @@ def _sync_options() -> dict:
 
 def sync_client(settings: Settings) -> redis.Redis:
     """The fleet's keys, from synchronous code (a ``RedisCluster`` on a cluster). Not for RQ."""
+    cluster_of(settings)  # refuses a cluster without a Redis for RQ
+    return sync_client_of(redis_url(settings))
+
+
+def sync_client_of(url: str) -> redis.Redis:
+    """A synchronous client of ``url``: redis-py's ``RedisCluster`` for a ``redis+cluster://`` URL."""
     from redis.cluster import ClusterNode
 
-    cluster = cluster_of(settings)
+    cluster = parse_cluster_url(url)
     if cluster is not None:
-        return RedisCluster(
-            startup_nodes=[ClusterNode(host, port) for host, port in cluster.nodes],
-            username=cluster.username,
-            password=cluster.password,
-            ssl=cluster.ssl,
-            **_sync_options(),
-        )
-    return redis.Redis.from_url(redis_url(settings), **_sync_options())
+        return RedisCluster(**_cluster_nodes(cluster, ClusterNode), **_sync_options())
+    return redis.Redis.from_url(url, **_sync_options())
 
 
 def rq_url(settings: Settings) -> str:

@@ -573,19 +573,9 @@ def espeak_fleet(redis_url: str, data_dir: Path, log_dir: Path, name: str, **ove
 
 def connect(url: str) -> redis.Redis:
     """A synchronous client of ``url``: redis-py's cluster client for a ``redis+cluster://`` URL."""
-    from fleet.redis import parse_cluster_url
+    from fleet.redis import sync_client_of
 
-    cluster = parse_cluster_url(url)
-    if cluster is None:
-        return redis.Redis.from_url(url)
-    from redis.cluster import ClusterNode, RedisCluster
-
-    return RedisCluster(
-        startup_nodes=[ClusterNode(host, port) for host, port in cluster.nodes],
-        username=cluster.username,
-        password=cluster.password,
-        ssl=cluster.ssl,
-    )
+    return sync_client_of(url)
 
 
 def delete_prefix(url: str, prefix: str, rq_url: str | None = None) -> None:
