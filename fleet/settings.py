@@ -20,6 +20,14 @@ def _default_data_dir() -> Path:
     return Path(base) / "narrate"
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity; all of them where there is none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="NARRATE_", extra="ignore", frozen=True, populate_by_name=True
@@ -289,10 +297,7 @@ class Settings(BaseSettings):
         else half the cores, 1 to 4 (eSpeak NG is fast: the rest of the cores assemble and encode)."""
         if self.speech_workers > 0:
             return self.speech_workers
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except AttributeError:  # not Linux
-            cores = os.cpu_count() or 2
+        cores = usable_cores()
         if "piper" in (self.default_model, *self.model_names):
             return max(1, min(16, cores))
         return max(1, min(4, cores // 2))

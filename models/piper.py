@@ -350,13 +350,11 @@ def voices_problem(directory: Path | None) -> str | None:
 def threads_for(settings: Settings) -> int:
     """onnxruntime intra-op threads per speech worker: ``piper_threads``, else this machine's cores
     (those this process may run on) shared out among the speech workers, at least 1."""
+    from fleet.settings import usable_cores
+
     if settings.piper_threads:
         return settings.piper_threads
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores // max(1, settings.speech_worker_count))
+    return max(1, usable_cores() // max(1, settings.speech_worker_count))
 
 
 def as_text(text: str) -> str:
