@@ -17,6 +17,7 @@ from jobs.errors import (
     InvalidRequest,
     JobError,
     JobNotFound,
+    NotDurable,
     NotReady,
     QuotaExceeded,
     TooLarge,
@@ -49,6 +50,7 @@ STATUS: dict[type[JobError], int] = {
     InvalidRequest: 422,
     JobNotFound: 404,
     NotReady: 409,
+    NotDurable: 503,
 }
 
 
@@ -86,7 +88,7 @@ async def openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
 
 async def job_error(request: Request, exc: JobError) -> JSONResponse:
     response = problem(status_of(exc), str(exc), request)
-    if isinstance(exc, QuotaExceeded):
+    if isinstance(exc, QuotaExceeded | NotDurable):
         response.headers["Retry-After"] = str(exc.retry_after_s)
     return response
 

@@ -22,7 +22,7 @@ router = APIRouter()
 @router.api_route("/metrics", methods=["GET", "HEAD"], include_in_schema=False)
 async def metrics(request: Request, st: AppState = Depends(app_state)) -> Response:
     registry = CollectorRegistry(auto_describe=False)  # this scrape's: the fleet's families, then ours
-    registry.register(Families(await fleet_metrics(st.store, st.settings)))
+    registry.register(Families(await fleet_metrics(st.store, st.settings, st.rq)))
     registry.register(REGISTRY)
     encode, content_type = choose_encoder(request.headers.get("accept", ""))
     return Response(encode(registry), media_type=content_type)

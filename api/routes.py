@@ -116,7 +116,7 @@ def read_job(body: JobCreate, form: FormBody | None, named, tenant: str, setting
     which for a whole book take long enough that they run in a thread, never on the event loop."""
     request = body.to_request(tenant, settings, form.upload if form else None, named)
     job, plan = service.validate(request, settings, max_text_chars)
-    return job, plan, request.cover, service.encode(job, plan)
+    return job, plan, request.cover, service.encode(job, plan, settings.longest_first_window)
 
 
 @dataclass(frozen=True)
@@ -170,6 +170,7 @@ async def _read_form(request: Request, settings) -> FormBody:
         413: {"model": Problem},
         415: {"model": Problem},
         422: {"model": Problem},
+        503: {"model": Problem, "description": "No Redis replica acknowledged the job in time (durable_replicas): nothing kept, try again."},
     },
     dependencies=[Depends(require_job_body)],
     openapi_extra={

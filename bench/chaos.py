@@ -2,6 +2,8 @@
 test_memory_bound.py (tests/integration/fleetkit.py) on more segments, more kills, more Redis restarts.
 
     python bench/chaos.py --segments 1500 --kills 40 --interval 2 --redis-restarts 2 --paused-segments 5000
+    python bench/chaos.py --cluster 6 --segments 1500 --kills 40 --paused-segments 0
+
 
 1. Chaos (skipped with --segments 0): 2 AR workers, 2 decoders, 2 assemblers and an RQ worker on a
    private append-only Valkey narrate ``--segments`` short sentences once undisturbed (the reference),
@@ -9,7 +11,10 @@ test_memory_bound.py (tests/integration/fleetkit.py) on more segments, more kill
    by the supervisor) until the job has ended and ``--kills`` kills happened; Valkey is restarted
    ``--redis-restarts`` times (evenly through the job, ``--outage`` s away each time). Checked: the job
    is done, every segment exactly once and in order (manifest), audio bit-identical to the reference,
-   no stage entry pending, no orphan key, no dead letter.
+   no stage entry pending, no orphan key, no dead letter. With ``--cluster N`` the fleet's keys are on a
+   Valkey Cluster (testing/cluster.py; RQ on the private Valkey) and instead of Redis restarts N
+   primaries fail over evenly through the job (``fail_over``: each loses ``--lose`` s of its writes;
+   the primary of the job's keys every other time), checked as well: writes were lost and redone.
 2. Paused decoders (skipped with --paused-segments 0): a fresh fleet and Valkey; a job of
    ``--paused-segments`` sentences with every decoder SIGSTOPped; once back-pressure stops the AR
    stage, Redis memory is sampled against the bound of fleetkit.MemoryBound; SIGCONT; the job must
@@ -22,6 +27,7 @@ Exits 1 if a check failed (the report says which).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -48,8 +54,20 @@ def check(report: dict, name: str, condition: bool, detail: object = "") -> None
 
 def chaos_phase(args, data_dir: Path, work: Path) -> dict:
     valkey = kit.PrivateValkey(work / "chaos-valkey").start()
+    cluster = None
     settings = kit.chaos_settings(valkey.url, data_dir)
     settings = settings.model_copy(update={"max_text_chars": 20 * args.segments + 1000})
+    if args.cluster:
+        from testing.cluster import ValkeyCluster
+
+        # the fleet's keys on the cluster; the private Valkey is RQ's (RQ does not support a cluster)
+        cluster = ValkeyCluster(work / "chaos-cluster").start()
+        settings = settings.model_copy(
+            update={
+                "redis_url": cluster.url, "rq_redis_url": valkey.url, "task_shards": 3, "durable_replicas": 1,
+                "sweep_interval_s": 1.0,
+            }
+        )  # fmt: skip
     fleet = kit.start_fleet(
         settings, work / "chaos-logs", ar_workers=2, decoders=2, assemblers=2, finalizers=1, max_backoff_s=2.0
     )
@@ -63,7 +81,9 @@ def chaos_phase(args, data_dir: Path, work: Path) -> dict:
             report["undisturbed_wall_s"] = round(time.monotonic() - started, 1)
             reference = kit.download(client, calm)[0]
             stormy = kit.submit(client, text=text)["id"]
-            at = tuple((i + 1) / (args.redis_restarts + 1) for i in range(args.redis_restarts))
+            restarts = 0 if cluster else args.redis_restarts  # a cluster's nodes fail over instead
+            at = tuple((i + 1) / (restarts + 1) for i in range(restarts))
+            failovers_at = tuple(0.8 * (i + 0.5) / args.cluster for i in range(args.cluster))  # all before 80 %
             storm = kit.storm(
                 fleet,
                 client,
@@ -71,9 +91,12 @@ def chaos_phase(args, data_dir: Path, work: Path) -> dict:
                 min_kills=args.kills,
                 interval=args.interval,
                 seed=args.seed,
-                valkey=valkey,
+                valkey=None if cluster else valkey,
                 restarts_at=at,
                 outage_s=args.outage,
+                cluster=cluster,
+                failovers_at=failovers_at,
+                lose_s=args.lose,
                 timeout=3600,
             )
             report.update(
@@ -85,9 +108,27 @@ def chaos_phase(args, data_dir: Path, work: Path) -> dict:
                 status=storm.job["status"],
                 segments_done=storm.job["segments_done"],
             )
+            if cluster:
+                report.update(
+                    failovers=[
+                        {
+                            "killed": f.killed, "promoted": f.promoted, "replicas_stopped_s": f.stalled_s,
+                            "promoted_s": f.promoted_s,
+                            "segment_records_lost": None if f.before is None else len(f.before - f.after),
+                        }
+                        for f in storm.failovers
+                    ],
+                    segment_records_lost=storm.segments_lost,
+                    recoveries_logged=sum(
+                        log.read_text(errors="replace").count("queued again after Redis lost writes")
+                        for log in fleet.log_dir.glob("*.log")
+                    ),
+                )  # fmt: skip
+                check(report, "failovers", len(storm.failovers) == args.cluster, storm.failovers)
+                check(report, "writes lost and redone", storm.segments_lost > 0, storm.failovers)
             check(report, "job done", storm.job["status"] == "done", storm.job)
             check(report, "kills", len(storm.kills) >= args.kills and all(storm.kills_by_kind.values()))
-            check(report, "redis restarts", storm.redis_restarts == args.redis_restarts)
+            check(report, "redis restarts", storm.redis_restarts == restarts)
             if storm.job["status"] == "done":
                 order = kit.manifest_segments(settings, stormy)
                 check(report, "every segment once, in order", order == list(range(args.segments)))
@@ -95,9 +136,10 @@ def chaos_phase(args, data_dir: Path, work: Path) -> dict:
                 audio = kit.download(client, stormy)[0]
                 check(report, "audio identical to the undisturbed run", np.array_equal(audio, reference))
         names = Names(settings.key_prefix)
-        with redis.Redis.from_url(valkey.url) as r:
-            orphans = kit.settled_orphan_keys(r, names, [calm, stormy])
-            pending = {s: r.xlen(s) + r.xpending(s, g)["pending"] for s, g in kit.stage_streams(names)}
+        with contextlib.closing(kit.connect(settings.redis_url)) as r, redis.Redis.from_url(valkey.url) as rq:
+            orphans = kit.settled_orphan_keys(r, names, [calm, stormy], rq=rq)
+            streams = kit.stage_streams(names, shards=settings.task_shards)
+            pending = {s: r.xlen(s) + r.xpending(s, g)["pending"] for s, g in streams}
             check(report, "no orphan keys", not orphans, orphans[:20])
             check(report, "no pending entries", not any(pending.values()), pending)
             check(report, "no dead letters", r.xlen(names.dead_letters()) == 0)
@@ -105,6 +147,8 @@ def chaos_phase(args, data_dir: Path, work: Path) -> dict:
     finally:
         fleet.stop()
         valkey.stop()
+        if cluster is not None:
+            cluster.stop()
     return report
 
 
@@ -143,6 +187,12 @@ def main() -> int:
     parser.add_argument(
         "--paused-segments", type=int, default=5000, help="segments of the paused run (0: skip)"
     )
+    parser.add_argument(
+        "--cluster", type=int, default=0, metavar="FAILOVERS",
+        help="run the chaos phase on a Valkey Cluster (3 primaries + 3 replicas) with this many failovers "
+        "that lose writes (instead of Redis restarts)",
+    )  # fmt: skip
+    parser.add_argument("--lose", type=float, default=1.5, help="seconds of a primary's writes each failover loses")
     parser.add_argument("--seed", type=int, default=7, help="chooses the victims")
     parser.add_argument("--data-dir", default=None, help="tiny checkpoint, storage (default: a temp dir)")
     parser.add_argument("--out", default="bench/results")

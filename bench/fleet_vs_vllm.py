@@ -12,6 +12,10 @@
    and generate exactly the tokens the fleet generated (same prompts, per-segment token counts, same
    frame constraint) -> raw vLLM audio seconds per second.
 
+``--fleet-variant NAME:KEY=VALUE,...`` runs more fleets beside the first, with settings changed,
+e.g. ``cluster:redis=cluster,task_shards=3`` on a Valkey Cluster (testing/cluster.py) instead of the
+one server; each variant's audio-s/s, tokens/s and TTFA over the fleet's of the same round.
+
 Prints RESULT lines and writes results.json to --out. The 3B model is Llama-3.2-3B-shaped with
 Orpheus' vocabulary and random ("dummy") weights; its sampling is restricted to valid codes by the
 frame constraint, so the fleet sees valid SNAC codes. The SNAC decoder is the full 24 kHz shape with
@@ -167,28 +171,61 @@ def manifest_tokens(manifests: list[dict]) -> int:
     return sum(s["samples"] // 2048 * 7 for m in manifests for s in m["segments"])
 
 
+def redis_client(url: str):
+    """A synchronous client of the fleet's Redis: a cluster client for a ``redis+cluster://`` URL."""
+    from fleet.redis import sync_client_of
+
+    return sync_client_of(url)
+
+
+def used_memory(client) -> int:
+    """Bytes of data in the fleet's Redis: on a cluster, the sum over its primaries."""
+    from fleet.redis import is_cluster
+
+    if is_cluster(client):
+        nodes = client.get_primaries()
+        return sum(int(client.get_redis_connection(n).info("memory")["used_memory"]) for n in nodes)
+    return int(client.info("memory")["used_memory"])
+
+
 class StreamWatcher:
     """Records when the first entry of each job appears on each watched stream: the segment task
     (the API queued it), its first code chunk (the AR worker published it), its first audio chunk
-    (decoded: what a listener could play). The stages of time to first audio."""
+    (decoded: what a listener could play). The stages of time to first audio. A label may name
+    several streams (the task shards)."""
 
-    def __init__(self, redis_url: str, streams: dict[str, str]) -> None:
-        import redis
+    def __init__(self, redis_url: str, streams: dict[str, str | list[str]]) -> None:
+        from fleet.redis import is_cluster
 
-        self.redis = redis.Redis.from_url(redis_url, socket_timeout=30)
-        self.labels = {name.encode(): label for label, name in streams.items()}
+        self.redis = redis_client(redis_url)
+        self.labels = {
+            name.encode(): label
+            for label, names in streams.items()
+            for name in ([names] if isinstance(names, str) else names)
+        }
         self.first_by: dict[str, dict[str, float]] = {label: {} for label in streams}
         self.first = self.first_by["audio"]
         self.code_frames: list[tuple[float, int]] = []  # (seen at, new frames) of every code chunk
         self.audio_s: list[tuple[float, float]] = []  # (seen at, seconds of new audio) of every audio chunk
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        # a cluster refuses one XREAD over keys of several slots: a reader per stream there
+        groups = [[name] for name in self.labels] if is_cluster(self.redis) else [list(self.labels)]
+        # each stream's last entry now, not "$" at a thread's first read: what is added once the
+        # watcher exists is seen however late its threads start reading (a loaded machine)
+        tails = {name: self._tail(name) for name in self.labels}
+        self._threads = [
+            threading.Thread(target=self._run, args=({n: tails[n] for n in g},), daemon=True) for g in groups
+        ]
+        for thread in self._threads:
+            thread.start()
 
-    def _run(self) -> None:
+    def _tail(self, stream: bytes) -> bytes:
+        newest = self.redis.xrevrange(stream, count=1)
+        return newest[0][0] if newest else b"0-0"
+
+    def _run(self, last: dict[bytes, bytes]) -> None:
         from fleet.messages import header_of
 
-        last = {name: "$" for name in self.labels}
         # when Redis added an entry (its id's milliseconds, on the perf_counter clock), not when this
         # thread read it: a reader that lags under load would shift and bunch up the timeline
         epoch_to_perf = time.perf_counter() - time.time()
@@ -233,17 +270,18 @@ class StreamWatcher:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(5)
+        for thread in self._threads:
+            thread.join(5)
+        self.redis.close()
 
 
 class QueueSampler:
-    """Samples stream lengths (where work piles up) twice a second."""
+    """Samples stream lengths (where work piles up; a name may stand for several streams, the task
+    shards, summed) and the Redis' memory twice a second."""
 
-    def __init__(self, redis_url: str, streams: dict[str, str]) -> None:
-        import redis
-
-        self.redis = redis.Redis.from_url(redis_url)
-        self.streams = streams
+    def __init__(self, redis_url: str, streams: dict[str, str | list[str]]) -> None:
+        self.redis = redis_client(redis_url)
+        self.streams = {name: [keys] if isinstance(keys, str) else keys for name, keys in streams.items()}
         self.peak = {name: 0 for name in streams}
         self.memory_peak = 0
         self._stop = threading.Event()
@@ -252,13 +290,14 @@ class QueueSampler:
 
     def _run(self) -> None:
         while not self._stop.wait(0.5):
-            for name, key in self.streams.items():
-                self.peak[name] = max(self.peak[name], self.redis.xlen(key))
-            self.memory_peak = max(self.memory_peak, int(self.redis.info("memory")["used_memory"]))
+            for name, keys in self.streams.items():
+                self.peak[name] = max(self.peak[name], sum(self.redis.xlen(k) for k in keys))
+            self.memory_peak = max(self.memory_peak, used_memory(self.redis))
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(5)
+        self.redis.close()
 
 
 class ResourceSampler:
@@ -440,7 +479,9 @@ class ShortJobs:
         return job["finished_at"] - job["created_at"]
 
 
-def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int) -> dict:
+def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int, redis_pids: dict | None = None) -> dict:
+    """One fleet on ``settings``' Redis: warm-up, TTFA, the books. ``redis_pids``: the Redis server
+    processes (name -> pid), whose CPU use is sampled beside the fleet's."""
     import httpx
 
     from fleet.names import JobObjects, Names
@@ -525,10 +566,8 @@ def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int) -> dict
         pinning = pin_engine_core(sup, args.pin_engine_core) if args.pin_engine_core else None
 
         model = settings.default_model
-        watcher = StreamWatcher(
-            settings.redis_url,
-            {"task": names.tasks(model), "code": names.codes(model), "audio": names.audio()},
-        )
+        tasks = [names.tasks(model, shard) for shard in range(settings.task_shards)]
+        watcher = StreamWatcher(settings.redis_url, {"task": tasks, "code": names.codes(model), "audio": names.audio()})
         ttfa, ttfa_stages = [], []
         for i in range(args.ttfa_runs):
             job_id, t0 = submit(f"Time to first audio, run {i}: the keeper lit the lamp.", seed=900 + i)
@@ -542,15 +581,8 @@ def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int) -> dict
         )
         if first_byte_idle:
             print(f"RESULT first byte at an HTTP client, idle fleet: {json.dumps(first_byte_idle)}", flush=True)
-        sampler = QueueSampler(
-            settings.redis_url,
-            {
-                "tasks": names.tasks(settings.default_model),
-                "codes": names.codes(settings.default_model),
-                "audio": names.audio(),
-            },
-        )
-        pids = {c.name: c.process.pid for c in sup.children if c.process is not None}
+        sampler = QueueSampler(settings.redis_url, {"tasks": tasks, "codes": names.codes(model), "audio": names.audio()})
+        pids = {c.name: c.process.pid for c in sup.children if c.process is not None} | (redis_pids or {})
         resources = ResourceSampler(pids, gpu=args.device == "cuda")
         texts = [book(i, args.sentences) for i in range(args.jobs)]
         t0 = time.perf_counter()
@@ -597,6 +629,9 @@ def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int) -> dict
             )
             for job_id, t in shorts.submitted:
                 print("short job stages: " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in watcher.stages(job_id, t).items()))
+        decoder_memory = decoder_gpu_memory_mib(log_dir)
+        if decoder_memory:
+            print(f"RESULT decoders' GPU memory at most (MiB, each): {decoder_memory}", flush=True)
         manifests = (
             [json.loads((settings.storage_dir / JobObjects(j["tenant"], j["id"]).manifest).read_text()) for j in books]
             if complete
@@ -622,12 +657,26 @@ def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int) -> dict
             "timeline": timeline,
             "decoder_pause": diagnosis,
             "pinning": pinning,
+            "decoder_gpu_memory_mib": decoder_memory,
             "texts": texts,
             "manifests": manifests,
         }
     finally:
         client.close()
         sup.stop(timeout=30)
+
+
+def decoder_gpu_memory_mib(log_dir: Path) -> dict[str, int]:
+    """Each decoder's peak GPU memory, from the last of its stats lines (workers/runtime.py
+    ``gpu_memory_peak``); empty off the GPU."""
+    import re
+
+    peaks = {}
+    for path in sorted(log_dir.glob("decoder-*.log")):
+        found = re.findall(r"GPU memory (\d+) MiB at most", path.read_text(errors="replace"))
+        if found:
+            peaks[path.stem] = int(found[-1])
+    return peaks
 
 
 def pause_decoders(args, sup, watcher: StreamWatcher, resources: ResourceSampler, t0: float) -> dict:
@@ -745,8 +794,12 @@ def run_offline(args, settings, fleet: dict) -> dict:
     engine_args = load_engine(spec, settings).engine_args()  # exactly the fleet's engine arguments,
     if args.raw_gpu_memory_utilization:  # or, against several AR engines per GPU, one with more memory
         engine_args["gpu_memory_utilization"] = args.raw_gpu_memory_utilization
+        engine_args.pop("kv_cache_memory_bytes", None)  # ... all of it for its KV cache, as profiled
     if args.raw_max_num_seqs:  # ... and with the sequences of all of them
         engine_args["max_num_seqs"] = args.raw_max_num_seqs
+    if args.raw_order == "longest":  # stable: equal counts keep the books' order
+        order = sorted(range(len(prompts)), key=lambda i: -params[i].max_tokens)
+        prompts, params, ours_list = ([xs[i] for i in order] for xs in (prompts, params, ours_list))
     llm = LLM(**engine_args)
     llm.generate(prompts[: min(64, len(prompts))], params[: min(64, len(prompts))], use_tqdm=False)  # warm-up
     profiler = py_spy(os.getpid(), Path(args.out) / "profile-offline.txt", args.profile_s, True)
@@ -926,6 +979,7 @@ def host_cpu() -> dict:
 def fleet_summary(run: dict, change: dict) -> dict:
     """The figures of one more fleet run (``--fleet-variant``)."""
     tokens = manifest_tokens(run["manifests"])
+    cpu = (run["resources_steady"] or {}).get("cpu_percent", {})
     return {
         "change": change,
         "complete": run["complete"],
@@ -937,7 +991,10 @@ def fleet_summary(run: dict, change: dict) -> dict:
         "ttfa_idle_median_s": statistics.median(run["ttfa_s"]),
         "timeline": run["timeline"],
         "resources_steady": run["resources_steady"],
+        # the Redis servers' CPU (100 = one core): on a cluster its nodes share the fleet's cores
+        "redis_cpu_percent": sum(v for k, v in cpu.items() if k.startswith("valkey")),
         "queue_peaks": run["queue_peaks"],
+        "redis_memory_peak_mb": run["redis_memory_peak_mb"],
         "short_jobs_first_audio_s": run["short_jobs_first_audio_s"],
         "short_jobs_done_s": run["short_jobs_done_s"],
         "first_byte_idle": run["first_byte_idle"],
@@ -945,24 +1002,61 @@ def fleet_summary(run: dict, change: dict) -> dict:
     }
 
 
+ROUND_FIGURES = ("audio_s_per_s", "tokens_per_s", "ttfa_idle_median_s")
+
+
+def round_row(fleet: dict, variants: dict) -> dict:
+    """One round's figures: the fleet's (``fleet_summary``) and each variant's with its ratios."""
+    row = {f"fleet_{k}": fleet[k] for k in ROUND_FIGURES}
+    row["variants"] = {
+        name: {**{k: v[k] for k in (*ROUND_FIGURES, "complete", "redis_cpu_percent")}, "ratio_over_fleet": v["ratio_over_fleet"]}
+        for name, v in variants.items()
+    }
+    return row
+
+
 def more_rounds(args, overrides: dict, first: dict) -> dict:
     """Rounds 2..N of ``--rounds``: each a fresh fleet (its own Valkey and key prefix) on the same
-    workload, then raw vLLM on that fleet's tokens, so the two alternate on one machine; the
-    medians over every round, the first (``first``) included."""
+    workload, each ``--fleet-variant`` beside it, then raw vLLM on that fleet's tokens, so they
+    alternate on one machine; the medians over every round, the first (``first``) included. The
+    fleet and its variants swap order from round to round (a machine that drifts, or the other
+    users of a shared one, then favour neither)."""
     from fleet.settings import Settings
     from narrate.embedded import EmbeddedValkey
 
-    rounds = [{"fleet_audio_s_per_s": first["fleet_audio_s_per_s"], "offline_audio_s_per_s": first.get("offline_audio_s_per_s")}]
+    base_first = {
+        "audio_s_per_s": first["fleet_audio_s_per_s"],
+        "tokens_per_s": first["fleet_tokens_per_s"],
+        "ttfa_idle_median_s": first["ttfa_idle_median_s"],
+    }
+    rounds = [
+        {"offline_audio_s_per_s": first.get("offline_audio_s_per_s"), **round_row(base_first, first["fleet_variants"])}
+    ]
     for r in range(1, args.rounds):
         wait_for_free_gpu(args, f"round {r + 1}'s fleet")
         valkey = EmbeddedValkey(Path(args.data_dir))
-        url = valkey.start()
+        valkey.start()
+        prefix = f"bench{int(time.time())}-r{r}"
+        variants = {}
+        order = [("", {})] + list(args.fleet_variant)
         try:
-            settings = Settings(redis_url=url, key_prefix=f"bench{int(time.time())}-r{r}", **overrides)
-            fleet = run_fleet(args, fleet_env(settings), settings, Path(args.out) / f"logs-round{r + 1}", args.ar_workers)
+            for name, change in order if r % 2 == 0 else order[::-1]:
+                wait_for_free_gpu(args, f"round {r + 1}'s fleet {name or 'itself'}")
+                if name:
+                    log_dir = Path(args.out) / f"logs-{name}-round{r + 1}"
+                    variants[name] = run_variant(args, overrides, prefix, valkey, name, change, log_dir)
+                    continue
+                settings = Settings(redis_url=valkey.url, key_prefix=prefix, **overrides)
+                log_dir = Path(args.out) / f"logs-round{r + 1}"
+                pids = {"valkey": valkey.process.pid}
+                fleet = run_fleet(args, fleet_env(settings), settings, log_dir, args.ar_workers, pids)
+                base = fleet_summary(fleet, change={})
         finally:
             valkey.stop()
-        row = {"fleet_audio_s_per_s": fleet["audio_s"] / fleet["wall_s"], "fleet_complete": fleet["complete"], "offline_audio_s_per_s": None}
+        for name, variant in variants.items():
+            variant["ratio_over_fleet"] = ratios(variant, base)
+            print_variant(name, variant, r + 1)
+        row = {**round_row(base, variants), "fleet_complete": fleet["complete"], "offline_audio_s_per_s": None}
         if not args.skip_offline and fleet["complete"]:
             offline = phase_in_subprocess(args, fleet, "offline")
             row["offline_audio_s_per_s"] = offline["tokens"] / 7 * 2048 / 24000 / offline["wall_s"]
@@ -971,6 +1065,8 @@ def more_rounds(args, overrides: dict, first: dict) -> dict:
     fleets = [x["fleet_audio_s_per_s"] for x in rounds]
     raws = [x["offline_audio_s_per_s"] for x in rounds if x["offline_audio_s_per_s"]]
     summary = {"rounds": rounds, "fleet_audio_s_per_s_median": statistics.median(fleets)}
+    for k in ROUND_FIGURES[1:]:
+        summary[f"fleet_{k}_median"] = statistics.median(x[f"fleet_{k}"] for x in rounds)
     if raws:
         summary["offline_audio_s_per_s_median"] = statistics.median(raws)
         summary["ratio_of_medians"] = summary["fleet_audio_s_per_s_median"] / summary["offline_audio_s_per_s_median"]
@@ -981,7 +1077,39 @@ def more_rounds(args, overrides: dict, first: dict) -> dict:
            f"ratio {summary['ratio_of_medians']:.3f}" if raws else "not measured"),
         flush=True,
     )  # fmt: skip
+    summary["fleet_variant_medians"] = variant_medians(rounds)
     return summary
+
+
+def variant_medians(rounds: list[dict]) -> dict:
+    """Per variant over the rounds: the median of each figure, the ratio of its median to the
+    fleet's median, and the median of the rounds' own ratios (each against the fleet of its round)."""
+    out = {}
+    for name in rounds[0]["variants"]:
+        runs = [x["variants"][name] for x in rounds]
+        m = {"rounds": len(runs)}
+        for k in ROUND_FIGURES:
+            m[f"{k}_median"] = statistics.median(v[k] for v in runs)
+            fleet_median = statistics.median(x[f"fleet_{k}"] for x in rounds)
+            m[f"{k}_ratio_of_medians"] = m[f"{k}_median"] / fleet_median if fleet_median else None
+            each = [v["ratio_over_fleet"][k] for v in runs]
+            m[f"{k}_ratio_median"] = statistics.median(each) if None not in each else None
+        out[name] = m
+        fleet_audio = statistics.median(x["fleet_audio_s_per_s"] for x in rounds)
+
+        def each(k: str, runs=runs) -> str:
+            return ", ".join(fmt_ratio(v["ratio_over_fleet"][k]) for v in runs)
+
+        print(
+            f"RESULT medians over {len(runs)} rounds, fleet variant {name}/fleet: audio-s/s {m['audio_s_per_s_median']:.2f} "
+            f"against {fleet_audio:.2f}, ratio of medians {fmt_ratio(m['audio_s_per_s_ratio_of_medians'])}, "
+            f"median ratio {fmt_ratio(m['audio_s_per_s_ratio_median'])} (each {each('audio_s_per_s')}); "
+            f"tokens/s {m['tokens_per_s_median']:.0f}, median ratio {fmt_ratio(m['tokens_per_s_ratio_median'])} "
+            f"(each {each('tokens_per_s')}); TTFA idle {m['ttfa_idle_median_s_median'] * 1000:.0f} ms, median ratio "
+            f"{fmt_ratio(m['ttfa_idle_median_s_ratio_median'])} (each {each('ttfa_idle_median_s')})",
+            flush=True,
+        )
+    return out
 
 
 def phase_in_subprocess(args, fleet: dict, phase: str) -> dict:
@@ -1008,14 +1136,84 @@ def fleet_env(settings, extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+#: a fleet variant's ``redis=``: the round's one Valkey, or a Valkey Cluster of its own
+REDIS_KINDS = ("single", "cluster")
+
+
 def fleet_variant(text: str) -> tuple[str, dict[str, str]]:
     """NAME:KEY=VALUE,... -> (name, changes), e.g. two-engines:ar_workers=2,vllm_gpu_memory_utilization=0.35;
-    a list value is written with '+': two-gpus:gpus=0+1"""
+    a list value is written with '+': two-gpus:gpus=0+1; cluster:redis=cluster,task_shards=3 runs
+    on a Valkey Cluster"""
     name, _, changes = text.partition(":")
     pairs = [[part.replace("+", ",") for part in c.split("=", 1)] for c in changes.split(",") if c]
     if not name or not all(len(p) == 2 and p[0] for p in pairs):
         raise argparse.ArgumentTypeError(f"{text!r} is not NAME:KEY=VALUE,...")
-    return name, dict(pairs)
+    change = dict(pairs)
+    if change.get("redis", "single") not in REDIS_KINDS:
+        raise argparse.ArgumentTypeError(f"{text!r}: redis= is one of {', '.join(REDIS_KINDS)}")
+    return name, change
+
+
+@contextlib.contextmanager
+def variant_redis(kind: str, valkey, cluster_dir: Path):
+    """A fleet's Redis: (REDIS_URL, NARRATE_RQ_REDIS_URL or None, the servers' pids by name).
+    ``single``: the round's Valkey (``valkey``, an EmbeddedValkey); ``cluster``: a fresh Valkey
+    Cluster (testing/cluster.py: 3 primaries + 3 replicas, nothing on disk) with RQ, which runs on
+    one server only, on the round's Valkey."""
+    single = {"valkey": valkey.process.pid}
+    if kind == "single":
+        yield valkey.url, None, single
+        return
+    import shutil
+
+    from testing.cluster import ValkeyCluster
+
+    shutil.rmtree(cluster_dir, ignore_errors=True)  # a node must not find an old nodes.conf
+    with ValkeyCluster(cluster_dir) as cluster:
+        nodes = {f"valkey-node-{i}": n.process.pid for i, n in enumerate(cluster.nodes)}
+        yield cluster.url, valkey.url, {"valkey-rq": single["valkey"], **nodes}
+
+
+def run_variant(args, overrides: dict, prefix: str, valkey, name: str, change: dict, log_dir: Path) -> dict:
+    """One ``--fleet-variant``'s fleet: settings fields, ``ar_workers``, ``redis`` and UPPERCASE
+    environment variables changed; its own key prefix; its figures (``fleet_summary``)."""
+    from fleet.settings import Settings
+
+    change = dict(change)  # the parsed variant is run again in later rounds: leave it whole
+    ar_workers = int(change.pop("ar_workers", args.ar_workers))
+    kind = change.pop("redis", "single")
+    env_vars = {k: v for k, v in change.items() if k.isupper()}
+    fields = {k: v for k, v in change.items() if not k.isupper()}
+    cluster_dir = Path(args.data_dir) / "cluster" / log_dir.name
+    with variant_redis(kind, valkey, cluster_dir) as (url, rq_url, pids):
+        other = Settings(redis_url=url, rq_redis_url=rq_url, key_prefix=f"{prefix}-{name}", **{**overrides, **fields})
+        run = run_fleet(args, fleet_env(other, env_vars), other, log_dir, ar_workers, pids)
+    return fleet_summary(run, change={**change, "ar_workers": ar_workers, "redis": kind, **env_vars})
+
+
+def ratios(variant: dict, base: dict) -> dict:
+    """A variant's figures over the fleet's of the same round (for TTFA, above 1 is slower)."""
+    keys = ("audio_s_per_s", "tokens_per_s", "ttfa_idle_median_s")
+    return {k: variant[k] / base[k] if base[k] else None for k in keys}
+
+
+def fmt_ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def print_variant(name: str, summary: dict, round_no: int) -> None:
+    r, fmt = summary["ratio_over_fleet"], fmt_ratio
+    print(
+        f"RESULT fleet variant {name}, round {round_no}: {summary['audio_s']:.0f} s of audio in "
+        f"{summary['wall_s']:.1f} s = {summary['audio_s_per_s']:.2f} audio-s/s, {summary['tokens_per_s']:.0f} tok/s; "
+        f"TTFA idle median {summary['ttfa_idle_median_s'] * 1000:.0f} ms; Redis CPU {summary['redis_cpu_percent']:.0f} %",
+        flush=True,
+    )
+    print(
+        f"RESULT ratio fleet variant {name}/fleet, round {round_no}: audio-s/s {fmt(r['audio_s_per_s'])}, "
+        f"tokens/s {fmt(r['tokens_per_s'])}, TTFA idle {fmt(r['ttfa_idle_median_s'])}",
+        flush=True,
+    )
 
 
 def main() -> int:
@@ -1049,6 +1247,13 @@ def main() -> int:
         default=0,
         help="raw vLLM's max_num_seqs, where it differs from one AR engine's (default: the same)",
     )
+    parser.add_argument(
+        "--raw-order",
+        choices=["book", "longest"],
+        default="book",
+        help="the order raw vLLM is given the requests: the books' (default), or longest first by their "
+        "exact token counts (what the fleet's longest_first_window approximates from text lengths)",
+    )
     parser.add_argument("--short-jobs", type=int, default=0, help="2-sentence jobs submitted while the books render")
     parser.add_argument(
         "--first-byte-runs", type=int, default=0,
@@ -1070,7 +1275,8 @@ def main() -> int:
     parser.add_argument(
         "--rounds", type=int, default=1,
         help="fleet and raw vLLM alternated this many times (fleet, raw, fleet, raw, ...): medians and "
-        "the ratio of the medians beside each round's figures (variants run in the first round only)",
+        "the ratio of the medians beside each round's figures; the fleet variants run in every round, "
+        "before the fleet in even rounds, and get their ratios to the fleet per round and as medians",
     )  # fmt: skip
     parser.add_argument("--profile-s", type=int, default=0, help="py-spy the AR worker/decoder this long")
     parser.add_argument("--raw-variants", type=int, default=0, help="requests in the sampling-variant runs")
@@ -1101,7 +1307,9 @@ def main() -> int:
         default=[],
         metavar="NAME:KEY=VALUE,...",
         help="after the first fleet, another on the same GPU with these changes (settings fields, ar_workers, "
-        "or UPPERCASE environment variables), compared with the same raw vLLM run; repeatable",
+        "UPPERCASE environment variables, or redis=cluster: on a fresh Valkey Cluster of 3 primaries + "
+        "3 replicas, RQ on the single Valkey), compared with the fleet of its round and the same raw "
+        "vLLM run; repeatable",
     )
     parser.add_argument("--offline-from", help=argparse.SUPPRESS)  # internal: a phase's own process
     parser.add_argument("--phase", default="offline", help=argparse.SUPPRESS)
@@ -1167,25 +1375,15 @@ def main() -> int:
     os.environ.update({k: v for k, v in env.items() if k.startswith("VLLM")})
     variants = {}
     try:
-        fleet = run_fleet(args, env, settings, Path(args.out) / "logs", args.ar_workers)
+        fleet = run_fleet(args, env, settings, Path(args.out) / "logs", args.ar_workers, {"valkey": valkey.process.pid})
+        base = fleet_summary(fleet, change={})
         for name, change in args.fleet_variant:  # more fleets on the same GPU, one after another
             wait_for_free_gpu(args, f"fleet variant {name}")
-            ar_workers = int(change.pop("ar_workers", args.ar_workers))
-            env_vars = {k: v for k, v in change.items() if k.isupper()}
-            fields = {k: v for k, v in change.items() if not k.isupper()}
-            other = Settings(
-                redis_url=url, key_prefix=f"{settings.key_prefix}-{name}", **{**overrides, **fields}
+            variants[name] = run_variant(
+                args, overrides, settings.key_prefix, valkey, name, change, Path(args.out) / f"logs-{name}"
             )
-            run = run_fleet(
-                args, fleet_env(other, env_vars), other, Path(args.out) / f"logs-{name}", ar_workers
-            )
-            variants[name] = fleet_summary(run, change={**change, "ar_workers": ar_workers, **env_vars})
-            print(
-                f"RESULT fleet variant {name}: {run['audio_s']:.0f} s of audio in {run['wall_s']:.1f} s = "
-                f"{variants[name]['audio_s_per_s']:.1f} audio-s/s; TTFA idle median "
-                f"{variants[name]['ttfa_idle_median_s'] * 1000:.0f} ms",
-                flush=True,
-            )
+            variants[name]["ratio_over_fleet"] = ratios(variants[name], base)
+            print_variant(name, variants[name], 1)
     finally:
         valkey.stop()
     fleet_tokens = manifest_tokens(fleet["manifests"])
@@ -1200,12 +1398,16 @@ def main() -> int:
         "ar_workers": args.ar_workers,
         "raw_max_num_seqs": args.raw_max_num_seqs or args.max_num_seqs,
         "raw_gpu_memory_utilization": args.raw_gpu_memory_utilization or args.gpu_memory_utilization,
+        "raw_order": args.raw_order,
+        "decoder_gpu_memory_mib": fleet.get("decoder_gpu_memory_mib"),
         "stream_interval": args.stream_interval,
         "fleet_wall_s": fleet["wall_s"],
         "fleet_audio_s": fleet["audio_s"],
         "fleet_file_s": fleet["file_s"],
         "fleet_tokens": fleet_tokens,
         "fleet_audio_s_per_s": fleet["audio_s"] / fleet["wall_s"],
+        "fleet_tokens_per_s": base["tokens_per_s"],
+        "fleet_redis_cpu_percent": base["redis_cpu_percent"],
         "ttfa_idle_s": fleet["ttfa_s"],
         "ttfa_idle_median_s": statistics.median(fleet["ttfa_s"]),
         "ttfa_idle_stages_s": fleet["ttfa_stages_s"],
@@ -1224,7 +1426,8 @@ def main() -> int:
     }
     print(
         f"RESULT fleet: {fleet['segments']} segments, {fleet['audio_s']:.0f} s of audio in {fleet['wall_s']:.1f} s "
-        f"= {result['fleet_audio_s_per_s']:.1f} audio-s/s; TTFA idle median {result['ttfa_idle_median_s'] * 1000:.0f} ms",
+        f"= {result['fleet_audio_s_per_s']:.1f} audio-s/s, {result['fleet_tokens_per_s']:.0f} tok/s; "
+        f"TTFA idle median {result['ttfa_idle_median_s'] * 1000:.0f} ms; Redis CPU {result['fleet_redis_cpu_percent']:.0f} %",
         flush=True,
     )
     out = Path(args.out)
@@ -1244,7 +1447,6 @@ def main() -> int:
             offline_tokens=offline["tokens"],
             offline_audio_s_per_s=offline_audio / offline["wall_s"],
             offline_tokens_per_s=offline["tokens"] / offline["wall_s"],
-            fleet_tokens_per_s=fleet_tokens / result["fleet_wall_s"],
             raw_variants=offline.get("variants"),
             offline_resources_steady=offline.get("resources_steady"),
         )
@@ -1262,6 +1464,7 @@ def main() -> int:
         print(f"RESULT ratio fleet/offline = {result['ratio_fleet_over_offline']:.3f}", flush=True)
     if args.rounds > 1 and fleet["complete"]:
         result.update(more_rounds(args, overrides, result))
+
         (out / "results.json").write_text(json.dumps(result, indent=2))
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "results.json").write_text(json.dumps(result, indent=2))

@@ -2,7 +2,9 @@
 
 Per-job keys carry the job id as a hash tag (``...:{<job_id>}...``) so that a job's keys live in one
 Redis Cluster slot and the Lua scripts that change several of them stay legal on a cluster.
-Streams are one key each; stage streams are per model so that a worker serves only what it loaded.
+Stage streams are per model (but the audio stream, every model's) so that a worker serves only what
+it loaded, and in ``task_shards`` shards, each its own hash tag: a job's entries go to its shard
+(``jobs.scheduler.shard_of``), so on a Redis Cluster the stages' traffic spreads over the primaries.
 """
 
 from __future__ import annotations
@@ -38,13 +40,22 @@ class Names:
         (the class's virtual time), ``:weights`` (hash: tenant -> weight), ``:queued:<class>`` (count)."""
         return f"{self.prefix}:q:{{{model}.{shard}}}"
 
-    def codes(self, model: str) -> str:
-        """Stream of CodeChunk from AR workers to the decoders of ``model``'s codec."""
-        return f"{self.prefix}:codes:{{{model}}}"
+    def codes(self, model: str, shard: int = 0) -> str:
+        """Stream of CodeChunk from AR workers to the decoders of ``model``'s codec, one per shard
+        (the task shard's hash tag: a job's codes go to its task stream's slot)."""
+        return f"{self.prefix}:codes:{{{model}.{shard}}}"
 
-    def audio(self) -> str:
-        """Stream of AudioChunk (delta PCM) from decoders to assemblers."""
-        return f"{self.prefix}:audio"
+    def audio(self, shard: int = 0) -> str:
+        """Stream of AudioChunk (delta PCM) from decoders and speech workers to assemblers, one per
+        shard, every model's (a tag of its own: no model's)."""
+        return f"{self.prefix}:audio:{{{self.prefix}.a{shard}}}"
+
+    def stage_streams(self, models: list[str], shards: int) -> list[str]:
+        """Every stage stream of these models (task, codes, audio) in every shard; a codes stream
+        even for a single-stage model, which never has one (what deletes and sweeps go over)."""
+        tasks = [self.tasks(m, s) for m in models for s in range(shards)]
+        codes = [self.codes(m, s) for m in models for s in range(shards)]
+        return [*tasks, *codes, *(self.audio(s) for s in range(shards))]
 
     def dead_letters(self) -> str:
         """Stream of messages that failed permanently or too often, with their error."""
@@ -125,6 +136,11 @@ class Names:
         """String with a TTL of one sweep interval: the worker that set it runs this interval's sweep."""
         return f"{self.prefix}:sweep"
 
+    def server_runs(self) -> str:
+        """String: JSON list of the run ids of the servers holding the keys when the sweep last looked;
+        one it has not seen means a restart or failover that may have lost writes (jobs/recovery.py)."""
+        return f"{self.prefix}:server-runs"
+
     def job(self, job_id: str) -> str:
         """Hash: the job's request, status and counters (see jobs.model.Job)."""
         return f"{self.prefix}:job:{{{job_id}}}"
@@ -138,7 +154,8 @@ class Names:
         return f"{self.job(job_id)}:segs"
 
     def attempts(self, job_id: str) -> str:
-        """Hash: segment index -> number of attempts started (an attempt's number is unique)."""
+        """Hash: segment index -> the number of its latest attempt (unique, increasing: the ms since the
+        job's creation when it started, jobs/scripts.py START_SEGMENT)."""
         return f"{self.job(job_id)}:attempts"
 
     def events(self, job_id: str) -> str:

@@ -10,6 +10,8 @@ nodes are startup nodes, the client finds the rest). On a cluster every client i
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import unquote
 
@@ -18,7 +20,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
-from redis.exceptions import BusyLoadingError
+from redis.exceptions import AskError, BusyLoadingError, MovedError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry as RedisRetry
@@ -38,6 +40,10 @@ CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
 class RedisConfigError(RuntimeError):
     """The Redis settings cannot work (said at start-up, before anything is read or written)."""
+
+
+class NotReplicatedError(RedisError):
+    """Fewer replicas than asked for acknowledged a write in time (``write_durably``)."""
 
 
 @dataclass(frozen=True)
@@ -195,3 +201,75 @@ def rq_url(settings: Settings) -> str:
 def rq_client(settings: Settings) -> redis.Redis:
     """RQ's connection (RQ pickles payloads: a client without decode_responses)."""
     return redis.Redis.from_url(rq_url(settings), **_sync_options())
+
+
+#: Options of a cluster node's connections that a client of that node alone takes over.
+_NODE_OPTIONS = ("username", "password", "credential_provider", "socket_timeout", "socket_connect_timeout")
+
+
+async def write_durably(
+    client, key: str, write: Callable[[aioredis.Redis], Awaitable[None]], replicas: int, timeout_ms: int
+) -> None:
+    """``write(pinned)`` on one connection to the server holding ``key``, then WAIT until ``replicas``
+    replicas hold it (``NotReplicatedError`` after ``timeout_ms``): WAIT counts only the writes of the
+    connection it is sent on, and the fleet's clients pool theirs. A write sent to a server that no
+    longer holds the slot (a failover the client has not heard of) is told MOVED, and goes there.
+    Opens a connection each time: for rare writes (a job's creation), not per segment. ``write``
+    must be all or nothing (one MULTI/EXEC: a MOVED aborts it whole)."""
+    address = None
+    for _ in range(3):
+        async with _one_connection(client, key, address) as pinned:
+            try:
+                await write(pinned)
+            except (MovedError, AskError) as exc:
+                address = (exc.host, exc.port)
+                continue
+            acked = int(await pinned.execute_command("WAIT", replicas, timeout_ms))
+            if acked < replicas:
+                raise NotReplicatedError(
+                    f"{acked} of {replicas} replica(s) acknowledged the write within {timeout_ms} ms"
+                )
+            return
+    raise NotReplicatedError(f"the slot of {key!r} kept moving")
+
+
+#: Options of a cluster node's connections that a client of that node alone takes over.
+_NODE_OPTIONS = ("username", "password", "credential_provider", "socket_timeout", "socket_connect_timeout")
+
+
+@contextlib.asynccontextmanager
+async def _one_connection(client, key: str, address: tuple[str, int] | None) -> AsyncIterator[aioredis.Redis]:
+    """A client of a single connection (a pool of one) to the server holding ``key``, or at
+    ``address`` (a cluster's MOVED)."""
+    if is_cluster(client):
+        await client.initialize()  # no-op once the slot map is known
+        node = client.get_node_from_key(key)
+        host, port = address or (node.host, node.port)
+        options = {
+            k: v for k, v in node.connection_kwargs.items() if k in _NODE_OPTIONS or k.startswith("ssl")
+        }
+        pool = aioredis.BlockingConnectionPool(
+            connection_class=node.connection_class, max_connections=1, host=host, port=port, **options
+        )
+    else:
+        base = client.connection_pool
+        pool = aioredis.BlockingConnectionPool(
+            connection_class=base.connection_class, max_connections=1, **base.connection_kwargs
+        )
+    pinned = aioredis.Redis.from_pool(pool)
+    try:
+        yield pinned
+    finally:
+        await pinned.aclose()
+
+
+async def server_runs(client) -> set[str]:
+    """The run ids of the servers that hold the fleet's keys (every primary of a cluster). A server
+    restarted, or a replica promoted in a failover, has a run id not seen before: the sign that
+    acknowledged writes may be gone (replication and AOF fsync are asynchronous)."""
+    if is_cluster(client):
+        replies = await client.info("server", target_nodes=AsyncRedisCluster.PRIMARIES)
+        infos = replies.values() if isinstance(replies, dict) and "run_id" not in replies else [replies]
+    else:
+        infos = [await client.info("server")]
+    return {str(info["run_id"]) for info in infos}

@@ -89,6 +89,12 @@ class Settings(BaseSettings):
     #: weights of the checkpoint's shape, for benchmarks), eager mode (no CUDA graphs / compile).
     vllm_dtype: str = "auto"
     vllm_gpu_memory_utilization: float = 0.85
+    #: GiB of KV cache per engine, given instead of measured (vLLM's ``kv_cache_memory_bytes``): the
+    #: engine skips its memory profile, which another process allocating beside it would upset, so
+    #: the engines of one GPU start together instead of one at a time (no engine-start lock).
+    #: ``vllm_gpu_memory_utilization`` is then only vLLM's check of free memory at start. Unset: each
+    #: engine profiles, under the lock. H200, 2 engines at 0.37: ~43 is what the profile leaves.
+    vllm_kv_cache_memory_gb: float | None = Field(default=None, gt=0)
     vllm_load_format: str = "auto"
     vllm_enforce_eager: bool = False
     #: Tokens vLLM accumulates per request before streaming them out: one Orpheus frame (7) cuts the
@@ -165,8 +171,9 @@ class Settings(BaseSettings):
     #: maximum (with jitter: between half and all of it), ms.
     retry_backoff_ms: int = Field(default=1000, ge=0)
     retry_backoff_max_ms: int = Field(default=30_000, ge=0)
-    #: Shards of each model's task stream and admission queues (jobs/scheduler.py): each one hash tag,
-    #: i.e. one Redis Cluster slot; workers take from every shard.
+    #: Shards of each model's task stream, admission queues (jobs/scheduler.py) and code-chunk stream,
+    #: and of the audio stream: each one hash tag, i.e. one Redis Cluster slot; a job's entries go to
+    #: its shard, workers take from every shard.
     task_shards: int = Field(default=1, ge=1)
     #: Jobs of at most this many segments are "interactive" unless they say otherwise: their segments
     #: go before every batch job's.
@@ -178,6 +185,12 @@ class Settings(BaseSettings):
     #: stream at submission, in arrival order (the policy before fair scheduling; a baseline for
     #: bench/ that gives up fairness and O(1) cancels: workers skip an ended job's tasks).
     scheduling: Literal["fair", "fifo"] = "fair"
+    #: A job's segments are queued in book order, except that within each run of this many after its
+    #: first, the longest (by text) go first: the last ones an engine takes are short, so a job does
+    #: not end on a few long segments decoding alone (its first stays first: the first audio is not
+    #: delayed). The price: a segment waits at most for the rest of its run, so audio you listen to
+    #: while it renders (issue 20) can stall up to that many segments. 0 or 1: book order.
+    longest_first_window: int = Field(default=0, ge=0)
     #: Workers refresh their readiness entry this often; one silent for 3 heartbeats is dead (s).
     heartbeat_s: float = 5.0
     #: Code chunks decoded together by one decoder.
@@ -194,7 +207,8 @@ class Settings(BaseSettings):
     #: (~35 s more start-up); docker-compose.yml switches it on beside two AR engines per GPU.
     decoder_compile: bool = False
     #: Back-pressure: AR workers start no new segment while the code-chunk or the audio stream holds
-    #: more than this many entries (decoders or assemblers behind), so Redis memory stays bounded.
+    #: more than this many entries in all its shards (decoders or assemblers behind), so Redis memory
+    #: stays bounded whatever ``task_shards``.
     max_stream_backlog: int = 2000
     #: An AR worker with segments in flight starts new ones only once this many engine slots are free
     #: (or ``ar_admit_wait_ms`` after the first one freed): fewer engine steps then carry new prompts
@@ -270,6 +284,12 @@ class Settings(BaseSettings):
     #: not support Redis Cluster, so it needs a standalone server. Unset: the fleet's own Redis, which
     #: must then not be a cluster (fleet/redis.py refuses to start).
     rq_redis_url: str | None = None
+    #: Replicas that must hold a job's keys before its creation is answered (Redis WAIT): 1 on a
+    #: cluster whose primaries have replicas, and an accepted job survives its primary's failover
+    #: (docs/reliability.md). 0: answered as soon as the primary has it.
+    durable_replicas: int = Field(default=0, ge=0)
+    #: How long a creation waits for them before it is refused (503, nothing kept), ms.
+    durable_timeout_ms: int = Field(default=1000, ge=1)
 
     def decode_linger_s(self) -> float:
         if self.decode_linger_ms is not None:

@@ -47,6 +47,13 @@ class QuotaExceeded(JobError):
         self.retry_after_s = max(int(retry_after_s), 1)
 
 
+class NotDurable(JobError):
+    """The job could not be stored as safely as the fleet is set to (no replica acknowledged it in
+    time); nothing of it was kept (an HTTP 503: try again)."""
+
+    retry_after_s = 5
+
+
 class UnsupportedFile(InvalidRequest):
     """An uploaded file of a kind this service does not read (an HTTP 415)."""
 

@@ -2,10 +2,10 @@
 
 What lives in Redis is the same whichever process reads it, so it is read when Prometheus asks rather
 than counted by some process: jobs by state, stage streams (entries and pending deliveries), the
-admission queues, dead letters, live workers, the finalize queue. ``read_fleet`` takes it in three
-pipelined round trips (a few commands per model and shard, one per tenant, and one per job not yet
-ended: the tenants' concurrent-job limits bound those); ``fleet_metrics`` turns it into metric
-families, with ``narrate_redis_up``. The counters each worker process keeps are served by that
+admission queues, dead letters, live workers, the finalize queue (on RQ's Redis). ``read_fleet`` takes
+it in three pipelined round trips (a few commands per model and shard, one per tenant, and one per
+job not yet ended: the tenants' concurrent-job limits bound those; RQ's queue beside the first);
+``fleet_metrics`` turns it into metric families, with ``narrate_redis_up``. The counters each worker process keeps are served by that
 process (workers/metrics.py). Every metric is described in docs/metrics.md.
 """
 
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from redis import Redis as SyncRedis
 
 from fleet.names import AR_GROUP, ASSEMBLER_GROUP, COUNTER_PARTS, DECODER_GROUP, SPEECH_GROUP, Names
 from fleet.readiness import MISSED_BEATS
@@ -64,14 +65,16 @@ def _stage_streams(names: Names, settings: Settings) -> list[tuple[str, str, str
         group = SPEECH_GROUP if spec.single_stage else AR_GROUP
         for shard in range(settings.task_shards):
             out.append(("tasks", model, names.tasks(model, shard), group))
-        if not spec.single_stage:
-            out.append(("codes", model, names.codes(model), DECODER_GROUP))
-    out.append(("audio", "", names.audio(), ASSEMBLER_GROUP))
+            if not spec.single_stage:
+                out.append(("codes", model, names.codes(model, shard), DECODER_GROUP))
+    for shard in range(settings.task_shards):
+        out.append(("audio", "", names.audio(shard), ASSEMBLER_GROUP))
     return out
 
 
-async def read_fleet(store: JobStore, settings: Settings) -> FleetSnapshot:
-    """The fleet's state now, from Redis (three pipelined round trips)."""
+async def read_fleet(store: JobStore, settings: Settings, rq: SyncRedis) -> FleetSnapshot:
+    """The fleet's state now, from Redis (three pipelined round trips), and the finalize queue's length
+    from RQ's Redis (``rq``: on a cluster another server than the fleet's, fleet/redis.py)."""
     redis, names = store.redis, store.names
     streams = _stage_streams(names, settings)
     models = [m for m in settings.model_names if m in MODELS]
@@ -90,7 +93,6 @@ async def read_fleet(store: JobStore, settings: Settings) -> FleetSnapshot:
     for part in range(COUNTER_PARTS):
         pipe.hgetall(names.counters(part))
     pipe.xlen(names.dead_letters())
-    pipe.llen(RQ_QUEUE_PREFIX + settings.finalize_queue)
     for _kind, _model, key, _group in streams:
         pipe.xlen(key)
         pipe.xinfo_groups(key)
@@ -98,13 +100,16 @@ async def read_fleet(store: JobStore, settings: Settings) -> FleetSnapshot:
         pipe.zcount(names.live_workers(kind, model), since, "+inf")
     for *_, key in queues:
         pipe.get(key)
-    replies = iter(await pipe.execute(raise_on_error=False))
+    replies, finalize_queue = await asyncio.gather(
+        pipe.execute(raise_on_error=False), _queue_length(rq, settings.finalize_queue)
+    )
+    replies = iter(replies)
     tenants = sorted(t.decode() for t in _ok(next(replies), set()))
     counters: dict[str, int] = {}
     for _ in range(COUNTER_PARTS):  # summed over the parts
         for k, v in _ok(next(replies), {}).items():
             counters[k.decode()] = counters.get(k.decode(), 0) + int(v)
-    snap = FleetSnapshot(dead_letters=int(_ok(next(replies), 0)), finalize_queue=int(_ok(next(replies), 0)))
+    snap = FleetSnapshot(dead_letters=int(_ok(next(replies), 0)), finalize_queue=finalize_queue)
     snap.jobs_ended = {state: counters.get(f"jobs_ended:{state}", 0) for state in ENDED_STATES}
     lengths: dict[tuple[str, str, str], list[int]] = {}
     for kind, model, _key, group in streams:
@@ -130,6 +135,15 @@ async def read_fleet(store: JobStore, settings: Settings) -> FleetSnapshot:
         if status is not None and not status.terminal:  # an ended one not yet released: not active
             snap.jobs[status.value] += 1
     return snap
+
+
+async def _queue_length(rq: SyncRedis, queue: str) -> int:
+    """Jobs waiting in an RQ queue (RQ's client is synchronous: in a thread); 0 where RQ's Redis
+    cannot be read, as for a failed command of the fleet's pipeline."""
+    try:
+        return int(await asyncio.to_thread(rq.llen, RQ_QUEUE_PREFIX + queue))
+    except Exception:  # noqa: BLE001 - the fleet's state is still worth reporting
+        return 0
 
 
 def _ok(reply, default):
@@ -183,12 +197,14 @@ def fleet_families(snap: FleetSnapshot) -> list[Metric]:
     return [jobs, ended, length, pending, queued, workers, finalize]
 
 
-async def fleet_metrics(store: JobStore, settings: Settings, timeout_s: float = 5.0) -> list[Metric]:
+async def fleet_metrics(
+    store: JobStore, settings: Settings, rq: SyncRedis, timeout_s: float = 5.0
+) -> list[Metric]:
     """The fleet's families now, with ``narrate_redis_up`` (0, and nothing else read, if Redis does not
     answer within ``timeout_s``: a scrape reports Redis away rather than failing)."""
     started = time.perf_counter()
     try:
-        snap: FleetSnapshot | None = await asyncio.wait_for(read_fleet(store, settings), timeout_s)
+        snap: FleetSnapshot | None = await asyncio.wait_for(read_fleet(store, settings, rq), timeout_s)
     except Exception:  # noqa: BLE001 - whatever went wrong, the scrape says Redis could not be read
         snap = None
     up = GaugeMetricFamily(

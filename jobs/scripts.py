@@ -8,10 +8,20 @@ job's hash tag, so the scripts are legal on Redis Cluster.
 # KEYS: job, attempts, events | ARGV: segment, now, maxlen, event data (json)
 # An AR worker starts a segment: returns {status, attempt}; attempt 0 (nothing started) if the job is
 # gone or ended. The first segment moves the job from 'queued' to 'running'.
+# An attempt's number is the milliseconds since the job's creation by this server's clock, and at
+# least one more than the segment's last: a counter alone would hand a number out again after Redis
+# lost writes (a failover, a restart from the AOF) rolled it back, while the attempt that had it may
+# still be sending chunks; the clock has moved past every number given before the loss. (The base
+# is the job's created_at, the API host's clock: a host clock ahead of the server's leaves only the
+# counter for as long as it is ahead.)
 START_SEGMENT = """
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'queued' and status ~= 'running' then return {status or '', 0} end
-local attempt = redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
+local t = redis.call('TIME')
+local created = tonumber(redis.call('HGET', KEYS[1], 'created_at')) or 0
+local since = math.floor((tonumber(t[1]) - created) * 1000 + tonumber(t[2]) / 1000)
+local attempt = math.max((tonumber(redis.call('HGET', KEYS[2], ARGV[1])) or 0) + 1, since)
+redis.call('HSET', KEYS[2], ARGV[1], string.format('%d', attempt))
 if status == 'queued' then
   redis.call('HSET', KEYS[1], 'status', 'running', 'started_at', ARGV[2])
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'type', 'started', 'data', ARGV[4])

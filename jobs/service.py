@@ -301,9 +301,22 @@ def segment_task(job: Job, segment: Segment, retry: int = 0) -> SegmentTask:
     )
 
 
-def tasks_for(job: Job, plan: Plan) -> list[SegmentTask]:
-    """The tasks of the segments to render (not those taken from the segment cache)."""
-    return [segment_task(job, s) for s in plan.segments if s.index not in plan.reused]
+def tasks_for(job: Job, plan: Plan, longest_first_window: int = 0) -> list[SegmentTask]:
+    """The tasks of the segments to render (not those taken from the segment cache), in the order
+    they are queued (``queue_order``)."""
+    tasks = [segment_task(job, s) for s in plan.segments if s.index not in plan.reused]
+    return [tasks[i] for i in queue_order([len(t.text) for t in tasks], longest_first_window)]
+
+
+def queue_order(lengths: list[int], window: int) -> list[int]:
+    """Positions in book order, except that within each run of ``window`` after the first, the
+    longest go first (ties in book order); the first stays first (settings.longest_first_window)."""
+    if window <= 1 or len(lengths) <= 2:
+        return list(range(len(lengths)))
+    order = [0]
+    for start in range(1, len(lengths), window):
+        order += sorted(range(start, min(start + window, len(lengths))), key=lambda i: -lengths[i])
+    return order
 
 
 @dataclass(frozen=True)
@@ -314,9 +327,9 @@ class Encoded:
     tasks: list[bytes]
 
 
-def encode(job: Job, plan: Plan) -> Encoded:
+def encode(job: Job, plan: Plan, longest_first_window: int = 0) -> Encoded:
     """What ``enqueue`` writes, made ahead (the API makes it in a thread, with the validation)."""
-    return Encoded(plan.to_json(), [t.header() for t in tasks_for(job, plan)])
+    return Encoded(plan.to_json(), [t.header() for t in tasks_for(job, plan, longest_first_window)])
 
 
 async def submit(
@@ -357,7 +370,8 @@ async def enqueue(
 ) -> None:
     """Store a validated job and queue its segments (all or nothing); it is created now. ``weight``:
     its tenant's share of the engines (jobs/scheduler.py). ``reuse``: the segment cache to take
-    already rendered segments from (they are recorded done at once, never queued)."""
+    already rendered segments from (they are recorded done at once, never queued). The queue's
+    order is the store's ``longest_first_window`` (``encoded`` was made with the same)."""
     if concurrent_jobs is not None:
         await reserve_slot(store, job, concurrent_jobs)
     job.created_at = time.time()
@@ -365,16 +379,16 @@ async def enqueue(
         if reuse is not None and plan.cache_scope and (hits := await reuse.cache.lookup(plan.cache_scope, plan.cache_keys)):
             plan.reused = {i: [key, samples] for i, (key, samples) in hits.items()}
             job.segments_reused = len(hits)
-            encoded = await asyncio.to_thread(encode, job, plan)
+            encoded = await asyncio.to_thread(encode, job, plan, store.longest_first_window)
         if encoded is None:
-            await store.create(job, plan, tasks_for(job, plan), weight)
+            await store.create(job, plan, tasks_for(job, plan, store.longest_first_window), weight)
         else:
             await store.create(job, encoded.plan, encoded.tasks, weight)
     except BaseException:
         await store.release_job_slot(job.tenant, job.id)
         raise
     if plan.reused:
-        await _record_reused(store, job, plan, reuse.finalize)
+        await record_reused(store, job, plan, reuse.finalize)
 
 
 @dataclass(frozen=True)
@@ -386,10 +400,13 @@ class Reuse:
     finalize: Callable[[str], Awaitable[None]]
 
 
-async def _record_reused(store: JobStore, job: Job, plan: Plan, finalize) -> None:
-    """The reused segments are done now: their 'segment' events go out like rendered ones'."""
+async def record_reused(store: JobStore, job: Job, plan: Plan, finalize, only: set[int] | None = None) -> None:
+    """The reused segments (``only`` those, if given) are done now: their 'segment' events go out like
+    rendered ones'; the one that completes the job queues its finalize."""
     rate = MODELS[job.model].family.sample_rate
     for index, (_, samples) in sorted(plan.reused.items()):
+        if only is not None and index not in only:
+            continue
         result = await store.segment_done(job.id, index, 0, samples, samples / rate)
         if result.job_complete:
             await store.mark_finalizing(job.id)

@@ -11,8 +11,9 @@ import redis.asyncio as aioredis
 
 from fleet.messages import AudioChunk, SegmentTask
 from fleet.names import COUNTER_PARTS, Names
-from fleet.redis import is_cluster
+from fleet.redis import NotReplicatedError, is_cluster, write_durably
 from jobs import scripts
+from jobs.errors import NotDurable
 from jobs.model import EventType, Job, JobStatus
 from jobs.scheduler import Scheduler
 from jobs.segmentation import Plan
@@ -46,14 +47,20 @@ class SegmentResult:
 class JobStore:
     def __init__(
         self, redis: aioredis.Redis, names: Names, *, events_maxlen: int, result_ttl_s: int, shards: int = 1,
-        scheduling: str = "fair",
+        scheduling: str = "fair", durable_replicas: int = 0, durable_timeout_ms: int = 1000,
+        longest_first_window: int = 0,
     ) -> None:  # fmt: skip
         self.redis = redis
         self.names = names
         self.events_maxlen = events_maxlen
         self.result_ttl_s = result_ttl_s
+        #: Replicas that must hold a job's keys before ``create`` returns (0: not waited for).
+        self.durable_replicas = durable_replicas
+        self.durable_timeout_ms = durable_timeout_ms
         #: The admission queues of every job's tasks (jobs/scheduler.py).
         self.scheduler = Scheduler(redis, names, shards, fifo=scheduling == "fifo")
+        #: The order a job's tasks are queued in (``service.queue_order``).
+        self.longest_first_window = longest_first_window
         self._start_segment = redis.register_script(scripts.START_SEGMENT)
         self._add_delta = redis.register_script(scripts.ADD_DELTA)
         self._segment_done = redis.register_script(scripts.SEGMENT_DONE)
@@ -71,6 +78,9 @@ class JobStore:
             result_ttl_s=settings.result_ttl_s,
             shards=settings.task_shards,
             scheduling=settings.scheduling,
+            durable_replicas=settings.durable_replicas,
+            durable_timeout_ms=settings.durable_timeout_ms,
+            longest_first_window=settings.longest_first_window,
         )
 
     # --- creation and reads -------------------------------------------------------------------------
@@ -86,40 +96,54 @@ class JobStore:
     async def create(
         self, job: Job, plan: Plan | str, tasks: list[SegmentTask] | list[bytes], weight: int = 1
     ) -> None:
-        """Store the job (one MULTI/EXEC), then queue its segments for admission (one script, in the
-        shard's slot). If queueing fails, the job is deleted again: a 202 is answered only after both.
+        """Store the job (one MULTI/EXEC; with ``durable_replicas``, waited for until that many
+        replicas hold it), then queue its segments for admission (one script, in the shard's slot).
+        If either fails, the job is deleted again: a 202 is answered only after both. The queue needs
+        no wait: what a failover loses of it is queued again (jobs/recovery.py), the plan is not.
         ``plan`` and ``tasks`` may come encoded (its JSON, their headers: ``service.encode``), as the
         API does in a thread: a whole book's take long enough to stall the event loop."""
-        await self._create(job, plan)
-        if not tasks:
-            return  # every segment is already rendered (jobs/segcache.py): nothing to queue
         try:
-            await self.scheduler.enqueue(job.model, job.shard, job.id, job.tenant, job.priority, weight, tasks)
+            await self._create(job, plan)
+            if tasks:  # none: every segment is already rendered (jobs/segcache.py)
+                await self.scheduler.enqueue(job.model, job.shard, job.id, job.tenant, job.priority, weight, tasks)
+        except NotReplicatedError as exc:
+            await self.purge(job)
+            raise NotDurable(
+                f"the job could not be stored safely ({exc}: is a Redis replica down?); nothing was "
+                "kept, try again"
+            ) from exc
         except BaseException:
             await self.purge(job)
             raise
 
     async def _create(self, job: Job, plan: Plan | str) -> None:
         n = self.names
-        if is_cluster(self.redis):
+        cluster = is_cluster(self.redis)
+        if cluster:
             # a MULTI stays in one slot: the indexes (other slots) first, then the job's keys at
             # once; an index entry without its job is what an expired job leaves, and is handled so
             index = self.redis.pipeline(transaction=False)
             self._index(index, job)
             await index.execute()
-            pipe = self.redis.pipeline(transaction=True)
+
+        async def write(client) -> None:
+            pipe = client.pipeline(transaction=True)
+            if not cluster:
+                self._index(pipe, job)
+            pipe.hset(n.job(job.id), mapping=job.to_hash())
+            pipe.set(n.plan(job.id), plan if isinstance(plan, str) else plan.to_json())
+            self._event(
+                pipe,
+                job.id,
+                EventType.QUEUED,
+                {"segments": job.segments_total, "chapters": job.chapters, "reused": job.segments_reused},
+            )
+            await pipe.execute()
+
+        if self.durable_replicas:
+            await write_durably(self.redis, n.job(job.id), write, self.durable_replicas, self.durable_timeout_ms)
         else:
-            pipe = self.redis.pipeline(transaction=True)
-            self._index(pipe, job)
-        pipe.hset(n.job(job.id), mapping=job.to_hash())
-        pipe.set(n.plan(job.id), plan if isinstance(plan, str) else plan.to_json())
-        self._event(
-            pipe,
-            job.id,
-            EventType.QUEUED,
-            {"segments": job.segments_total, "chapters": job.chapters, "reused": job.segments_reused},
-        )
-        await pipe.execute()
+            await write(self.redis)
 
     def _index(self, pipe, job: Job) -> None:
         n = self.names
@@ -227,6 +251,15 @@ class JobStore:
             keys, [segment, now, self.events_maxlen, json.dumps({"at": now})]
         )
         return int(attempt)
+
+    async def skip_attempts(self, job_id: str, segments: list[int], gap: int) -> None:
+        """Move the segments' attempt counters ``gap`` ahead: after Redis lost writes, the numbers of
+        attempts it forgot must not be handed out again while their chunks may still be in flight
+        (jobs/recovery.py)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for segment in segments:
+            pipe.hincrby(self.names.attempts(job_id), segment, gap)
+        await pipe.execute()
 
     # --- runaways (AR worker and assembler) ---------------------------------------------------------
 

@@ -4,6 +4,8 @@ Run by every assembler (workers/assembler.py) every ``sweep_interval_s``; the on
 interval's lock (``SET NX PX``) sweeps, the others skip. Every step is idempotent, so two sweeps at
 once (a lock that expired mid-sweep) do no harm.
 
+0. Recovery: if a Redis server restarted or a replica took over since the last sweep, whatever
+   writes that lost is queued again (jobs/recovery.py).
 1. Finalizes: a job marked finalizing (``Names.finalizing``) for longer than one interval whose
    finalize RQ no longer knows (lost: the assembler's queueing never landed, Redis lost RQ's keys) is
    queued again; one RQ gave up on (its last retry failed, or its worker died on the last try)
@@ -31,6 +33,7 @@ from redis.exceptions import ResponseError
 from fleet.names import JobObjects
 from fleet.settings import Settings
 from fleet.storage import Storage
+from jobs import recovery
 from jobs.finalize import enqueue_finalize, finalize_problem
 from jobs.model import JobStatus
 from jobs.segcache import SegmentCache
@@ -46,6 +49,7 @@ class SweepReport:
     expired: int = 0
     consumers_forgotten: int = 0
     segments_released: int = 0
+    recovered: recovery.RecoveryReport | None = None
 
 
 class Sweeper:
@@ -76,6 +80,7 @@ class Sweeper:
 
     async def sweep(self) -> SweepReport:
         report = SweepReport()
+        report.recovered = await recovery.run(self.store, self._queue_finalize)
         now = time.time()
         await self._finalizes(now, report)
         expired = await self.store.forget_expired(now - self.settings.result_ttl_s)
@@ -94,6 +99,9 @@ class Sweeper:
             )  # fmt: skip
         return report
 
+    async def _queue_finalize(self, job_id: str) -> None:
+        await asyncio.to_thread(enqueue_finalize, self.settings, job_id, self.rq)
+
     async def _release_cached_segments(self) -> int:
         """Kept segments unused for the retention (jobs/segcache.py), every scope."""
         cache = SegmentCache(self.store.redis, self.store.names, self.settings)
@@ -105,10 +113,7 @@ class Sweeper:
         return released
 
     def stage_streams(self) -> list[str]:
-        names = self.store.names
-        models = self.settings.model_names
-        tasks = [names.tasks(m, shard) for m in models for shard in range(self.settings.task_shards)]
-        return [*tasks, *(names.codes(m) for m in models), names.audio()]
+        return self.store.names.stage_streams(self.settings.model_names, self.settings.task_shards)
 
     async def _forget_dead_consumers(self) -> int:
         redis = self.store.redis

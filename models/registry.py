@@ -264,9 +264,16 @@ def load_engine(spec: ModelSpec, settings: Settings):
             load_format=settings.vllm_load_format,
             enforce_eager=settings.vllm_enforce_eager,
             log_stats_s=settings.vllm_log_stats_s,
-            # vLLM >= 0.26 engine argument; 1 is vLLM's default, so older versions never see it
-            extra_args={"stream_interval": settings.vllm_stream_interval}
-            if settings.vllm_stream_interval != 1
-            else None,
+            extra_args=vllm_extra_args(settings),
         )
     raise ValueError(f"unknown engine {settings.engine!r} (use 'reference' or 'vllm')")
+
+
+def vllm_extra_args(settings: Settings) -> dict | None:
+    """vLLM engine arguments that only go to vLLM when set (older versions never see them)."""
+    extra = {}
+    if settings.vllm_stream_interval != 1:  # vLLM >= 0.26; 1 is its default
+        extra["stream_interval"] = settings.vllm_stream_interval
+    if settings.vllm_kv_cache_memory_gb:
+        extra["kv_cache_memory_bytes"] = int(settings.vllm_kv_cache_memory_gb * 2**30)
+    return extra or None

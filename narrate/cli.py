@@ -295,7 +295,9 @@ def cmd_file(args: argparse.Namespace, settings: Settings) -> int:
         read_cover_file,
         read_text_file,
         run,
+        worker_children,
     )
+    from narrate.supervisor import PlacementError
 
     source = Path(args.input)
     try:
@@ -337,7 +339,8 @@ def cmd_file(args: argparse.Namespace, settings: Settings) -> int:
         elif args.chapters:
             raise InputError(f"{source}: --chapters: only a book (an EPUB) has chapters to choose")
         job, plan = validate(request, settings)
-    except (InputError, InvalidRequest) as exc:
+        worker_children(settings)  # NARRATE_GPUS: placed as `narrate fleet` places them, or refused
+    except (InputError, InvalidRequest, PlacementError) as exc:
         print(f"narrate: {exc}", file=sys.stderr)
         return 2
     if warning:

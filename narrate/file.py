@@ -225,10 +225,13 @@ def run(file_job: FileJob, settings: Settings) -> int:
             return exc.exit_code
 
 
-def _start_workers(settings: Settings, stack: ExitStack):
-    from narrate.supervisor import Supervisor, child_env, fleet_children
+def worker_children(settings: Settings) -> list:
+    """The command's workers: one AR worker and one decoder (on each GPU of NARRATE_GPUS, placed and
+    pinned as ``narrate fleet`` places them), one assembler, one finalizer. ``PlacementError`` if the
+    GPUs cannot take them (checked before anything starts)."""
+    from narrate.supervisor import fleet_children, fleet_gpu_options
 
-    children = fleet_children(
+    return fleet_children(
         api=False,
         ar_workers=1,
         decoders=1,
@@ -237,8 +240,14 @@ def _start_workers(settings: Settings, stack: ExitStack):
         models=[settings.default_model],
         speech_workers=settings.speech_worker_count,
         metrics_port=settings.metrics_port,
+        **fleet_gpu_options(settings),
     )
-    supervisor = Supervisor(children, child_env(settings), log_dir=settings.data_dir / "logs")
+
+
+def _start_workers(settings: Settings, stack: ExitStack):
+    from narrate.supervisor import Supervisor, child_env
+
+    supervisor = Supervisor(worker_children(settings), child_env(settings), log_dir=settings.data_dir / "logs")
     stack.callback(supervisor.stop)
     supervisor.start()
     return supervisor
@@ -261,11 +270,7 @@ async def reset_private_fleet(settings: Settings) -> None:
             job = await store.get(raw.decode())
             if job is not None and not job.status.terminal:
                 await service.delete(store, storage, settings, job)
-        streams = [
-            names.audio(),
-            *(s for m in settings.model_names for s in (names.tasks(m), names.codes(m))),
-        ]
-        await redis.delete(*streams)
+        await redis.delete(*names.stage_streams(settings.model_names, settings.task_shards))
     finally:
         await redis.aclose()
 

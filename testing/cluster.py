@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +53,16 @@ class Node:
     @property
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+
+@dataclass(frozen=True)
+class Failover:
+    killed: int  # node index
+    promoted: int
+    promoted_s: float  # from the kill until the replica served the slots
+    before: object = None  # ``probe`` of the victim just before the kill
+    after: object = None  # and of the promoted node
+    stalled_s: float = 0.0  # how long the replicas were stopped (the primary's writes not replicated)
 
 
 @dataclass
@@ -175,7 +186,8 @@ class ValkeyCluster:
         """SIGKILL the primary node ``index`` and wait until one of its replicas serves its slots (and
         the cluster says ok again); returns the promoted node."""
         victim = self.nodes[index]
-        victim.process.send_signal(signal.SIGKILL)
+        if victim.alive:
+            victim.process.send_signal(signal.SIGKILL)
         victim.process.wait(10)
         replicas = [self.nodes[r] for r, p in self.replica_of.items() if p == index]
         deadline = time.monotonic() + timeout
@@ -188,6 +200,99 @@ class ValkeyCluster:
 
         self._wait(lambda: promoted() is not None and self.healthy(), deadline, f"no replica of {victim.port} took over")
         return promoted()
+
+    def primaries_now(self) -> list[int]:
+        """The indexes of the live nodes that serve slots now."""
+        ports = set(self.primary_ports())
+        return [i for i, n in enumerate(self.nodes) if n.alive and n.port in ports]
+
+    def primary_of(self, key: str) -> int:
+        """The index of the node serving ``key``'s slot now."""
+        from redis.crc import key_slot
+
+        slot = key_slot(key.encode())
+        live = next(n for n in self.nodes if n.alive)
+        for parts in self._cluster_nodes(live):
+            if "master" not in parts[2].split(",") or "fail" in parts[2]:
+                continue
+            for spec in parts[8:]:
+                low, _, high = spec.partition("-")
+                if not spec.startswith("[") and int(low) <= slot <= int(high or low):
+                    port = int(parts[1].split("@")[0].rsplit(":", 1)[1])
+                    return next(i for i, n in enumerate(self.nodes) if n.port == port and n.alive)
+        raise LookupError(f"no live primary serves slot {slot}")
+
+    def fail_over(
+        self, index: int, lose_s: float = 0.0, probe: Callable[[Node], object] | None = None,
+        timeout: float = 30.0, lose_at_most_s: float = 8.0,
+    ) -> Failover:  # fmt: skip
+        """Kill primary ``index`` as ``kill_primary`` does, but first SIGSTOP its replicas for ``lose_s``
+        seconds (their links cut): the primary goes on acknowledging writes it can no longer
+        replicate, and the promoted replica comes back without them (what a real failover loses of the writes in
+        flight, made large enough to matter). Then the killed node comes back as a fresh replica of
+        the promoted one, so that the next failover can happen too. ``probe(node)`` reads something
+        from the victim just before the kill and from the promoted node once it serves; while it
+        reads the same non-None value, the replicas stay stopped (up to ``lose_at_most_s``), so that
+        the failover loses something it can see."""
+        started = time.monotonic()
+        replicas = [r for r, p in self.replica_of.items() if p == index]
+        for r in replicas:
+            self.nodes[r].process.send_signal(signal.SIGSTOP)
+        try:
+            # and cut their links: the kernel would otherwise buffer what the primary sends a stopped
+            # replica, and hand it over when it resumes (the stopped replica cannot reconnect)
+            with contextlib.closing(self.nodes[index].client()) as c:
+                c.execute_command("CLIENT", "KILL", "TYPE", "replica")
+            first = probe(self.nodes[index]) if probe else None
+            time.sleep(lose_s)
+            before = probe(self.nodes[index]) if probe else None
+            while before is not None and before == first and time.monotonic() - started < lose_at_most_s:
+                time.sleep(0.1)
+                before = probe(self.nodes[index])
+            lost_s = time.monotonic() - started
+            self.nodes[index].process.send_signal(signal.SIGKILL)
+            self.nodes[index].process.wait(10)
+        finally:
+            for r in replicas:
+                self.nodes[r].process.send_signal(signal.SIGCONT)
+        promoted = self.kill_primary(index, timeout=timeout)  # already dead: waits for the promotion
+        new = self.nodes.index(promoted)
+        after = probe(promoted) if probe else None
+        promoted_s = time.monotonic() - started - lost_s
+        del self.replica_of[new]
+        for r in replicas:
+            if r != new:
+                self.replica_of[r] = new
+        self.revive(index, new, timeout=timeout)
+        return Failover(index, new, round(promoted_s, 2), before, after, round(lost_s, 2))
+
+    def revive(self, index: int, primary: int, timeout: float = 30.0) -> None:
+        """Start dead node ``index`` again, empty, as a replica of node ``primary``."""
+        node, old_id = self.nodes[index], self.nodes[index].node_id
+        (node.dir / "nodes.conf").unlink(missing_ok=True)
+        self._spawn(node)
+        deadline = time.monotonic() + timeout
+        self._wait(lambda: node.client().ping(), deadline, f"node {node.port} did not start again")
+        for other in self.nodes:
+            if other is not node and other.alive:
+                with contextlib.closing(other.client()) as c, contextlib.suppress(redis.ResponseError):
+                    c.execute_command("CLUSTER", "FORGET", old_id)  # the dead node's entry
+        with contextlib.closing(node.client()) as c:
+            node.node_id = c.execute_command("CLUSTER", "MYID").decode()
+            c.execute_command("CLUSTER", "MEET", "127.0.0.1", self.nodes[primary].port, self.nodes[primary].bus_port)
+        self._wait(
+            lambda: any(p[0] == self.nodes[primary].node_id for p in self._cluster_nodes(node)),
+            deadline, f"node {node.port} did not meet the cluster",
+        )  # fmt: skip
+        self._wait(lambda: self._replicate(node, self.nodes[primary]), deadline, f"node {node.port} did not follow")
+        self.replica_of[index] = primary
+        self._wait(self.healthy, deadline, "the cluster did not heal after a node came back")
+
+    @staticmethod
+    def _replicate(node: Node, primary: Node) -> bool:
+        with contextlib.closing(node.client()) as c:
+            c.execute_command("CLUSTER", "REPLICATE", primary.node_id)
+        return True
 
     def client(self) -> redis.cluster.RedisCluster:
         from redis.cluster import ClusterNode, RedisCluster

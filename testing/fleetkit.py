@@ -398,6 +398,15 @@ class Storm:
     redis_restarts: int
     restarted_at: list[int]  # segments done when each Redis restart began
     wall_s: float
+    #: Cluster failovers (testing/cluster.Failover; ``before``/``after``: the job's done segments as
+    #: its primary said just before the kill and as the promoted replica said, when it held the job)
+    failovers: list = field(default_factory=list)
+
+    @property
+    def segments_lost(self) -> int:
+        """Segment records the failovers took back (what the recovery, or the redelivery of entries whose
+        acks the same primary lost, had to redo)."""
+        return sum(len(f.before - f.after) for f in self.failovers if f.before is not None and f.after is not None)
 
 
 def _job_state(client: httpx.Client, job_id: str) -> dict | None:
@@ -419,16 +428,36 @@ def storm(
     valkey: PrivateValkey | None = None,
     restarts_at: tuple[float, ...] = (),
     outage_s: float = 5.0,
+    cluster=None,
+    failovers_at: tuple[float, ...] = (),
+    lose_s: float = 1.5,
     timeout: float = 600,
 ) -> Storm:
     """Ride out a job under chaos: SIGKILL a worker every ``interval`` s (restarting the dead), until
     the job has ended and at least ``min_kills`` kills happened; restart ``valkey`` when the job has
-    done each fraction in ``restarts_at`` of its segments. Waits until every child is back up."""
+    done each fraction in ``restarts_at`` of its segments; fail a primary of ``cluster`` over
+    (testing/cluster.py ``fail_over``, losing ``lose_s`` of its writes) at each of ``failovers_at``:
+    the primary of the job's keys, and every other time another primary. Waits until every child is
+    back up."""
     started = time.monotonic()
+    rng = random.Random(seed)
     pending = sorted(restarts_at)
+    pending_failovers = sorted(failovers_at)
     restarted_at: list[int] = []
+    failovers: list = []
     job: dict = {}
-    with Chaos(fleet.supervisor, interval=interval, rng=random.Random(seed)) as chaos:
+    job_key = Names(fleet.settings.key_prefix).job(job_id)
+
+    done_key = Names(fleet.settings.key_prefix).done_segments(job_id)
+
+    def done_segments(node) -> set[int] | None:
+        with contextlib.closing(node.client()) as c:
+            try:
+                return {int(i) for i in c.hkeys(done_key)}
+            except redis.ResponseError:  # MOVED: that node does not hold the job
+                return None
+
+    with Chaos(fleet.supervisor, interval=interval, rng=rng) as chaos:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             fleet.supervisor.poll()  # restart what was killed
@@ -437,6 +466,13 @@ def storm(
                 pending.pop(0)
                 restarted_at.append(job["segments_done"])
                 valkey.restart(outage_s)
+            due = pending_failovers and job and job["segments_done"] >= pending_failovers[0] * job["segments_total"]
+            if due and job.get("status") in ("queued", "running"):
+                pending_failovers.pop(0)
+                victim = cluster.primary_of(job_key)
+                if len(failovers) % 2:
+                    victim = rng.choice([i for i in cluster.primaries_now() if i != victim])
+                failovers.append(cluster.fail_over(victim, lose_s=lose_s, probe=done_segments))
             if job.get("status") in ("done", "failed", "cancelled") and len(chaos.kills) >= min_kills:
                 break
             time.sleep(0.2)
@@ -450,6 +486,7 @@ def storm(
         redis_restarts=valkey.restarts if valkey else 0,
         restarted_at=restarted_at,
         wall_s=round(time.monotonic() - started, 1),
+        failovers=failovers,
     )
 
 
@@ -470,12 +507,12 @@ def stopped(supervisor: Supervisor, prefix: str) -> contextlib.AbstractContextMa
     return pause()
 
 
-def stage_streams(names: Names, model: str = "tiny") -> list[tuple[str, str]]:
-    """(stream, group) of every stage."""
+def stage_streams(names: Names, model: str = "tiny", shards: int = 1) -> list[tuple[str, str]]:
+    """(stream, group) of every stage, in every shard (``task_shards``)."""
     return [
-        (names.tasks(model), AR_GROUP),
-        (names.codes(model), DECODER_GROUP),
-        (names.audio(), ASSEMBLER_GROUP),
+        *((names.tasks(model, shard), AR_GROUP) for shard in range(shards)),
+        *((names.codes(model, shard), DECODER_GROUP) for shard in range(shards)),
+        *((names.audio(shard), ASSEMBLER_GROUP) for shard in range(shards)),
     ]
 
 
@@ -514,9 +551,11 @@ def settled_orphan_keys(
     return orphans
 
 
-def assert_nothing_left(r: redis.Redis, names: Names, job_ids: list[str], rq: redis.Redis | None = None) -> None:
-    """No stage stream holds an entry or a pending delivery; no orphan key remains."""
-    for stream, group in stage_streams(names):
+def assert_nothing_left(
+    r: redis.Redis, names: Names, job_ids: list[str], rq: redis.Redis | None = None, shards: int = 1
+) -> None:
+    """No stage stream (of any of ``shards``) holds an entry or a pending delivery; no orphan key remains."""
+    for stream, group in stage_streams(names, shards=shards):
         left = (r.xlen(stream), r.xpending(stream, group)["pending"])
         assert left == (0, 0), f"{stream}: {left[0]} entries, {left[1]} pending"
     orphans = settled_orphan_keys(r, names, job_ids, rq=rq)
@@ -531,6 +570,13 @@ def manifest(settings: Settings, job_id: str, tenant: str = "default") -> dict:
 def manifest_segments(settings: Settings, job_id: str, tenant: str = "default") -> list[int]:
     """The segment indices in a finished job's manifest, in file order."""
     return [s["index"] for s in manifest(settings, job_id, tenant)["segments"]]
+
+
+def attempts_of(r: redis.Redis, names: Names, job_id: str) -> tuple[dict[int, int], dict[int, int]]:
+    """(segment -> its latest attempt started, segment -> the attempt that completed it)."""
+    started = {int(k): int(v) for k, v in r.hgetall(names.attempts(job_id)).items()}
+    won = {int(k): int(v.split(b":")[0]) for k, v in r.hgetall(names.done_segments(job_id)).items()}
+    return started, won
 
 
 def unstarted_tasks(r: redis.Redis, names: Names, model: str = "tiny", shard: int = 0) -> int:

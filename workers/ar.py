@@ -18,6 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 from fleet.messages import CodeChunk, SegmentTask
@@ -154,13 +155,14 @@ class ARWorker(Stage[SegmentTask]):
     ) -> None:
         """``max_in_flight``: segments of batch jobs at once; ``interactive_slots`` more only
         interactive jobs' segments take (the engine has room for both)."""
-        codes = ctx.names.codes(model)
+        names, shards = ctx.names, ctx.shards
         super().__init__(
             ctx,
-            [ctx.names.tasks(model, shard) for shard in range(ctx.settings.task_shards)],
+            [names.tasks(model, shard) for shard in shards],
             transport=transport,
             live_models=[model],
-            backlog_streams=[codes, ctx.names.audio()],  # decoders or assemblers behind: hold new segments
+            # decoders or assemblers behind: hold new segments
+            backlog_streams=[[names.codes(model, s) for s in shards], [names.audio(s) for s in shards]],
             admit_models=[model],  # free slots take the next segments the scheduler picks
         )
         self.model = model
@@ -168,7 +170,6 @@ class ARWorker(Stage[SegmentTask]):
         self.max_in_flight = max_in_flight
         self.interactive_slots = interactive_slots
         self._interactive: set[asyncio.Task] = set()  # in-flight segments of interactive jobs
-        self.codes_stream = codes
         self._segments: dict[asyncio.Task, str] = {}  # in-flight segment task -> job id
         self._ended_jobs: set[str] = set()
         self._slot_freed = asyncio.Event()
@@ -335,10 +336,16 @@ class ARWorker(Stage[SegmentTask]):
             ).encode()
             for w in windows
         ]
-        await self.transport.publish(self.codes_stream, chunks)
+        await self.transport.publish(self.ctx.names.codes(self.model, self.ctx.shard(task.job_id)), chunks)
         frames = sum(w.new_frames for w in windows)
         self._frames_published += frames
         self._frames_counter.inc(frames)
+
+
+def measures_memory_at_start(settings) -> bool:
+    """Whether the engine profiles its GPU memory at start, which an engine starting beside it would
+    upset (hence the engine-start lock): every engine but vLLM's given its KV cache size."""
+    return not (settings.engine == "vllm" and settings.vllm_kv_cache_memory_gb)
 
 
 async def run_ar_worker(ctx: WorkerContext, model: str) -> None:
@@ -348,7 +355,9 @@ async def run_ar_worker(ctx: WorkerContext, model: str) -> None:
     configure_torch(ctx.settings)
     spec = get_model(model, ctx.settings)
     try:
-        async with engine_start_lock(ctx.settings, ctx.stop):  # AR workers may share this machine's GPU
+        # AR workers may share this machine's GPU: one at a time while an engine profiles its memory
+        lock = engine_start_lock(ctx.settings, ctx.stop) if measures_memory_at_start(ctx.settings) else nullcontext()
+        async with lock:
             engine = await asyncio.to_thread(load_engine, spec, ctx.settings)
             await engine.start()
     except StopRequested:

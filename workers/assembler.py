@@ -54,7 +54,7 @@ class Assembler(Stage[AudioChunk]):
         enqueue: Callable[[Settings, str], None] = enqueue_finalize,
         transport: Transport | None = None,
     ) -> None:
-        super().__init__(ctx, [ctx.names.audio()], transport=transport)
+        super().__init__(ctx, [ctx.names.audio(shard) for shard in ctx.shards], transport=transport)
         self.enqueue = enqueue  # queues the finalize job (RQ); idempotent
         self.sweeper: Sweeper | None = None  # made on the first sweep (it needs RQ's connection)
         self._first_audio_seen: OrderedDict[str, None] = OrderedDict()

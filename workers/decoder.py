@@ -1,7 +1,8 @@
 """Stage 1, the decoder worker: code chunks in, delta PCM out.
 
-Reads up to ``decode_batch`` chunks at a time (from any job), decodes windows of equal length as one
-batch, trims each window's left context and look-ahead, and publishes only the new samples (I1).
+Reads up to ``decode_batch`` chunks at a time (from any job, any shard), decodes windows of equal
+length as one batch, trims each window's left context and look-ahead, and publishes only the new
+samples (I1), each to its job's shard of the audio stream.
 A chunk carries all the context it needs, so the decoder keeps no per-request state (I5) and any
 decoder can take any chunk. Chunks of jobs that ended are dropped undecoded.
 """
@@ -21,7 +22,7 @@ from fleet.names import DECODER_GROUP
 from models.snac_codec import to_pcm16
 from workers import metrics
 from workers.errors import PermanentError
-from workers.runtime import WorkerContext, every
+from workers.runtime import WorkerContext, every, gpu_memory_peak
 from workers.stage import Stage, Work
 from workers.transport import Delivery, Transport
 
@@ -89,9 +90,8 @@ class DecoderWorker(Stage[CodeChunk]):
     def __init__(
         self, ctx: WorkerContext, codecs: dict[str, Codec], transport: Transport | None = None
     ) -> None:
-        super().__init__(
-            ctx, [ctx.names.codes(m) for m in codecs], transport=transport, live_models=list(codecs)
-        )
+        streams = [ctx.names.codes(m, shard) for m in codecs for shard in ctx.shards]
+        super().__init__(ctx, streams, transport=transport, live_models=list(codecs))
         self.codecs = codecs
         self.batch_size = ctx.settings.decode_batch
         self.stats = DecodeStats()
@@ -104,7 +104,7 @@ class DecoderWorker(Stage[CodeChunk]):
     async def _log_stats(self) -> None:
         now = time.monotonic()
         if self.stats.batches:
-            log.info(self.stats.line(now - self._stats_since))
+            log.info(self.stats.line(now - self._stats_since) + gpu_memory_peak())
         self.stats, self._stats_since = DecodeStats(), now
 
     def check(self, chunk: CodeChunk) -> None:
@@ -153,7 +153,11 @@ class DecoderWorker(Stage[CodeChunk]):
         stats.chunks += len(audio)
         seconds = [a.samples / a.sample_rate for a in audio]
         stats.audio_s += sum(seconds)
-        await self.transport.publish(self.ctx.names.audio(), [a.encode() for a in audio])
+        by_shard: dict[int, list] = {}
+        for a in audio:
+            by_shard.setdefault(self.ctx.shard(a.job_id), []).append(a.encode())
+        for shard, entries in by_shard.items():
+            await self.transport.publish(self.ctx.names.audio(shard), entries)
         metrics.DECODER_BATCH.observe(len(audio))
         for w, s in zip(work, seconds, strict=True):
             metrics.AUDIO_PRODUCED.labels(self.kind, w.message.model).inc(s)

@@ -8,6 +8,7 @@ import fcntl
 import logging
 import os
 import signal
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from fleet.names import Names
 from fleet.redis import async_client
 from fleet.settings import Settings
 from fleet.storage import Storage, storage_from_settings
+from jobs.scheduler import shard_of
 from jobs.store import JobStore
 from workers.errors import FATAL_EXIT_CODE, FatalError
 from workers.transport import RedisStreams, consumer_name
@@ -67,6 +69,15 @@ class WorkerContext:
             reclaim_idle_ms=self.settings.reclaim_idle_ms,
             admit=admit if admit_models else None,
         )
+
+    @property
+    def shards(self) -> range:
+        """The shards of every stage stream (``task_shards``): a reader reads them all."""
+        return range(self.settings.task_shards)
+
+    def shard(self, job_id: str) -> int:
+        """The shard of a job's entries in every stage stream: its task stream's."""
+        return shard_of(job_id, self.settings.task_shards)
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -124,6 +135,16 @@ def engine_start_lock_path(settings: Settings) -> Path:
     else:
         key = settings.device.split(":")[0]
     return settings.data_dir / "locks" / f"engine-start-{key}.lock"
+
+
+def gpu_memory_peak() -> str:
+    """", GPU memory ... at most": the CUDA memory this process's allocator held at its peak (a host
+    read of the allocator's counters, no GPU wait), or "" off the GPU. What a worker beside the AR
+    engines takes of their GPU."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return ""
+    return f", GPU memory {torch.cuda.max_memory_reserved() / 2**20:.0f} MiB at most"
 
 
 def configure_torch(settings: Settings) -> None:

@@ -5,8 +5,8 @@ synthesis in a thread and hands the audio on as the engine produces it, in piece
 ``speech_chunk_ms`` (the first one as soon as there is any audio). ``SpeechWorker`` is the transport:
 it reads one task at a time from the task streams of the models it serves (group ``speech``), marks
 the segment started (attempt numbers as for AR workers), publishes each piece as an ``AudioChunk`` on
-the audio stream exactly as a decoder does (seq from 0, ``final`` on the last), and acks once the final
-piece is out. The assembler cannot tell the two paths apart.
+its job's shard of the audio stream exactly as a decoder does (seq from 0, ``final`` on the last), and
+acks once the final piece is out. The assembler cannot tell the two paths apart.
 
 One engine per family and process, one segment at a time (eSpeak NG keeps its state in globals;
 a Piper voice's onnxruntime session runs on its share of the cores): parallel synthesis means several
@@ -100,10 +100,11 @@ class SpeechWorker(Stage[SegmentTask]):
         models = list(speakers)
         super().__init__(
             ctx,
-            [ctx.names.tasks(m, shard) for m in models for shard in range(ctx.settings.task_shards)],
+            [ctx.names.tasks(m, shard) for m in models for shard in ctx.shards],
             transport=transport,
             live_models=models,
-            backlog_streams=[ctx.names.audio()],  # no new segment while the assemblers have a backlog
+            # no new segment while the assemblers have a backlog
+            backlog_streams=[[ctx.names.audio(shard) for shard in ctx.shards]],
             admit_models=models,
         )
         self.speakers = speakers
@@ -132,6 +133,7 @@ class SpeechWorker(Stage[SegmentTask]):
     async def _speak(self, task: SegmentTask, attempt: int) -> None:
         speaker = self.speakers[task.model]
         produced = metrics.AUDIO_PRODUCED.labels(self.kind, task.model)
+        stream = self.ctx.names.audio(self.ctx.shard(task.job_id))
         seq = samples = 0
         async for pcm, final in speaker.pieces(task):
             samples += pcm.size
@@ -144,7 +146,7 @@ class SpeechWorker(Stage[SegmentTask]):
                 speaker.engine.sample_rate,
                 pcm.astype("<i2", copy=False).tobytes(),
             )
-            await self.transport.publish(self.ctx.names.audio(), [chunk.encode()])
+            await self.transport.publish(stream, [chunk.encode()])
             produced.inc(pcm.size / speaker.engine.sample_rate)
             seq += 1
         log.info(

@@ -96,7 +96,7 @@ class Stage(Generic[M]):
         *,
         transport: Transport | None = None,
         live_models: list[str] | None = None,
-        backlog_streams: list[str] | None = None,
+        backlog_streams: list[list[str]] | None = None,
         admit_models: list[str] | None = None,
     ) -> None:
         self.ctx = ctx
@@ -113,7 +113,8 @@ class Stage(Generic[M]):
         )
         #: Models this stage announces itself for in readiness (None: it is not counted).
         self.live_models = live_models
-        #: Streams whose backlog holds this stage back (back-pressure on the stages it feeds).
+        #: Streams whose backlog holds this stage back (back-pressure on the stages it feeds): one
+        #: list per stage fed, its shards, whose lengths are summed (the stage reads them all).
         self.backlog_streams = backlog_streams or []
         #: The error that stopped this process, once fatal.
         self.fatal: BaseException | None = None
@@ -138,7 +139,8 @@ class Stage(Generic[M]):
         return self.batch_size
 
     async def backlogged(self) -> bool:
-        """Back-pressure: a stream this stage feeds holds more than ``max_stream_backlog`` entries."""
+        """Back-pressure: a stage this stage feeds holds more than ``max_stream_backlog`` entries in
+        all its shards together."""
         if not self.backlog_streams:
             return False
         return await self.transport.backlog(self.backlog_streams) > self.ctx.settings.max_stream_backlog

@@ -90,8 +90,8 @@ class Transport(ABC):
     async def publish(self, stream: str, entries: list[Fields]) -> None: ...
 
     @abstractmethod
-    async def backlog(self, streams: list[str]) -> int:
-        """The most entries any of ``streams`` holds."""
+    async def backlog(self, groups: list[list[str]]) -> int:
+        """The most entries any group of streams holds, its streams summed (a stage's shards)."""
 
     @abstractmethod
     async def lease_loop(self, stop: asyncio.Event) -> None: ...
@@ -298,11 +298,12 @@ class RedisStreams(Transport):
             pipe.xadd(stream, fields)
         await pipe.execute()
 
-    async def backlog(self, streams: list[str]) -> int:
+    async def backlog(self, groups: list[list[str]]) -> int:
         pipe = self.redis.pipeline(transaction=False)
-        for stream in streams:
+        for stream in (s for group in groups for s in group):
             pipe.xlen(stream)
-        return max(await pipe.execute(), default=0)
+        lengths = iter(await pipe.execute())
+        return max((sum(next(lengths) for _ in group) for group in groups), default=0)
 
     async def renew_leases(self) -> None:
         """Reset the idle time of every held entry, so no one reclaims work that is still going on."""
@@ -421,8 +422,8 @@ class MemoryTransport(Transport):
         for fields in entries:
             self.broker.put(stream, fields)
 
-    async def backlog(self, streams: list[str]) -> int:
-        return max((len(self.broker.entries.get(s, [])) for s in streams), default=0)
+    async def backlog(self, groups: list[list[str]]) -> int:
+        return max((sum(len(self.broker.entries.get(s, [])) for s in group) for group in groups), default=0)
 
     async def lease_loop(self, stop: asyncio.Event) -> None:
         await stop.wait()

@@ -406,7 +406,8 @@ class VllmEngine:
 
         from models.engines.vllm_plugin import OWNER_ENV
 
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        if "kv_cache_memory_bytes" not in self._engine_kwargs:  # on the CPU the variable would win
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         os.environ[OWNER_ENV] = str(os.getpid())  # vLLM's processes die with this one (vllm_plugin.py)
         args = AsyncEngineArgs(**self.engine_args())
         self._engine = AsyncLLM.from_engine_args(args)

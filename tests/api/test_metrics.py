@@ -58,3 +58,44 @@ def test_openmetrics_when_the_scraper_asks_for_it(api):
     families = {f.name: f for f in openmetrics_families(r.text)}
     assert families["narrate_jobs_ended"].type == "counter" and "narrate_redis_up" in families
     assert families["narrate_dead_letters"].type == "counter"  # a worker's; the stream is a stream_length
+
+
+def test_the_finalize_queue_is_read_from_rqs_own_redis(redis_url, key_prefix, tmp_path):
+    """RQ's queue lives on ``NARRATE_RQ_REDIS_URL`` where that is set (always on a cluster): the gauge
+    reads it there, not from the fleet's Redis. Two databases of one server stand in for the two."""
+    import asyncio
+    import contextlib
+    from urllib.parse import urlparse
+
+    import httpx
+
+    from api.app import create_app
+    from fleet.redis import rq_client
+    from fleet.settings import Settings
+    from jobs.finalize import enqueue_finalize
+    from testing.fleetkit import delete_prefix
+
+    parsed = urlparse(redis_url)
+    other_db = (int(parsed.path.strip("/") or 0) + 1) % 16
+    rq_url = parsed._replace(path=f"/{other_db}").geturl()
+    settings = Settings(redis_url=redis_url, rq_redis_url=rq_url, key_prefix=key_prefix, data_dir=tmp_path)
+    app = create_app(settings)
+
+    async def scrape() -> str:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+                return (await client.get("/metrics")).text
+
+    rq = rq_client(settings)
+    try:
+        before = samples(asyncio.run(scrape()))
+        enqueue_finalize(settings, "0123abcd-job", rq)  # no finalize worker here: it stays queued
+        after = samples(asyncio.run(scrape()))
+    finally:
+        delete_prefix(rq_url, key_prefix)
+        with contextlib.suppress(Exception):
+            rq.srem("rq:queues", f"rq:queue:{settings.finalize_queue}")
+        rq.close()
+    assert before[("narrate_finalize_queue_length", ())] == 0
+    assert after[("narrate_finalize_queue_length", ())] == 1

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
-from fleet_vs_vllm import StreamWatcher, fleet_variant, per_window  # noqa: E402
+from fleet_vs_vllm import StreamWatcher, decoder_gpu_memory_mib, fleet_variant, per_window  # noqa: E402
 
 from fleet.messages import AudioChunk  # noqa: E402
 
@@ -48,3 +48,13 @@ def test_stream_watcher_times_entries_when_redis_added_them(redis_url, key_prefi
         assert watcher.audio_s == [(watcher.first["job-1"], 0.5)]
     finally:
         watcher.stop()
+
+
+def test_decoder_gpu_memory_is_each_decoders_last_stats_line(tmp_path):
+    (tmp_path / "decoder-g0-0.log").write_text(
+        "decoder: 9 chunks in 3 batches (3.0 per batch), GPU memory 900 MiB at most\n"
+        "decoder: 40 chunks in 5 batches (8.0 per batch), GPU memory 1210 MiB at most\n"
+    )
+    (tmp_path / "decoder-g1-0.log").write_text("decoder: 9 chunks in 3 batches (3.0 per batch)\n")  # on the CPU
+    (tmp_path / "ar-orpheus-0.log").write_text("GPU memory 7000 MiB at most\n")  # not a decoder
+    assert decoder_gpu_memory_mib(tmp_path) == {"decoder-g0-0": 1210}

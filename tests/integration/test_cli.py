@@ -359,3 +359,27 @@ def test_a_kept_run_of_an_edited_book_renders_only_what_changed(tmp_path):
     second = narrate(tmp_path, "file", "book.md", "-o", "two.wav", "--keep")
     assert second.returncode == 0, second.stdout + second.stderr
     assert "6 segments, 2 chapters, 5 reused from earlier runs" in second.stdout
+
+
+def test_narrate_file_places_its_workers_on_narrate_gpus(tmp_path, tiny_dir):
+    """NARRATE_GPUS reaches `narrate file` as it reaches `narrate fleet`: an AR worker and a decoder
+    on each GPU, pinned and named after it (here on the CPU, so pinning changes nothing but the
+    names); a placement that cannot work is refused before anything starts."""
+    data = tmp_path / "data"
+    (data / "models").mkdir(parents=True)
+    shutil.copytree(tiny_dir, data / "models" / tiny_dir.name)
+    book = tmp_path / "book.md"
+    book.write_text("Hello there. How are you? Fine, thanks.", encoding="utf-8")
+    refused = narrate(tmp_path, "file", str(book), "--model", "tiny", env_extra={"NARRATE_GPUS": "0,0"})
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "a GPU listed twice: 0,0" in refused.stderr
+    assert not (data / "valkey").exists() and not (data / "logs").exists()  # nothing was started
+
+    gpus = {"NARRATE_GPUS": "0,1"}
+    result = narrate(tmp_path, "file", str(book), "--model", "tiny", "-o", "out.wav", env_extra=gpus)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert sf.info(tmp_path / "out.wav").frames > 0
+    logs = sorted(p.name for p in (data / "logs").glob("*.log"))
+    for child in ("ar-tiny-g0-0", "ar-tiny-g1-0", "decoder-g0-0", "decoder-g1-0"):
+        assert f"{child}.log" in logs, logs
+    assert not any(name in logs for name in ("ar-tiny-0.log", "decoder-0.log")), logs

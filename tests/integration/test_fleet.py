@@ -137,8 +137,8 @@ def _a_book_end_to_end(fleet, client, raw_redis):
     # nothing of the job is left in flight: streams drained, deltas gone, parts deleted
     names = Names(s.key_prefix)
     assert all(raw_redis.xlen(names.tasks("tiny", shard)) == 0 for shard in range(s.task_shards))
-    assert raw_redis.xlen(names.codes("tiny")) == 0
-    assert raw_redis.xlen(names.audio()) == 0
+    assert all(raw_redis.xlen(names.codes("tiny", shard)) == 0 for shard in range(s.task_shards))
+    assert all(raw_redis.xlen(names.audio(shard)) == 0 for shard in range(s.task_shards))
     assert raw_redis.keys(f"{names.job(job_id)}:deltas:*") == [] and not raw_redis.exists(
         names.scratch_keys(job_id)
     )

@@ -94,6 +94,15 @@ def test_fleet_on_vllm(redis_url, data_dir, tiny_dir, tmp_path, monkeypatch):
         delete_prefix(redis_url, prefix)
 
 
+def wait_for_ar_workers(client, fleet, count: int, timeout: float) -> float:
+    """Until ``count`` AR workers are live (their engines up); the deadline, for what follows."""
+    deadline = time.monotonic() + timeout
+    while client.get("/v1/models").json()[0]["workers"].get("ar", 0) < count:
+        assert time.monotonic() < deadline, fleet.logs()
+        time.sleep(1)
+    return deadline
+
+
 def test_two_ar_engines_share_the_work(redis_url, data_dir, tiny_dir, tmp_path, monkeypatch):
     """docker-compose's GPU configuration in miniature: two AR workers, each its own vLLM engine
     (started one after the other), with grouped admission. Both take segments of one job, and the
@@ -113,10 +122,7 @@ def test_two_ar_engines_share_the_work(redis_url, data_dir, tiny_dir, tmp_path, 
     fleet = start_fleet(settings, tmp_path / "logs", ar_workers=2)
     try:
         with fleet.client() as client:
-            deadline = time.monotonic() + 600
-            while client.get("/v1/models").json()[0]["workers"].get("ar", 0) < 2:
-                assert time.monotonic() < deadline, fleet.logs()
-                time.sleep(1)
+            deadline = wait_for_ar_workers(client, fleet, 2, timeout=600)
             holders: dict[str, int] = {}  # AR worker (consumer) -> most tasks it held at once
             job_id = submit(client, text=text, seed=5)["id"]
             while client.get(f"/v1/jobs/{job_id}").json()["status"] not in ("done", "failed"):
@@ -137,3 +143,26 @@ def test_two_ar_engines_share_the_work(redis_url, data_dir, tiny_dir, tmp_path, 
     finally:
         fleet.stop()
         delete_prefix(redis_url, prefix)
+
+
+def test_engines_given_their_kv_cache_size_start_together(redis_url, data_dir, tmp_path, monkeypatch):
+    """vllm_kv_cache_memory_gb: each engine's KV cache is the size given (vLLM says so: no memory
+    profile to upset), so two AR workers start their engines at once, neither waiting for the
+    engine-start lock, and a job completes on them."""
+    from testing.fleetkit import delete_prefix
+
+    settings = vllm_fleet_settings(redis_url, data_dir, monkeypatch, "vllmkv", max_num_seqs=3, vllm_kv_cache_memory_gb=0.75)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE")  # vLLM's CPU variable would override the size given
+    fleet = start_fleet(settings, tmp_path / "logs", ar_workers=2)
+    try:
+        with fleet.client() as client:
+            wait_for_ar_workers(client, fleet, 2, timeout=600)
+            job_id = submit(client, text="Given, not measured. Both at once.")["id"]
+            assert wait_done(client, job_id, timeout=300)["status"] == "done", fleet.logs()
+        logs = "".join(p.read_text() for p in sorted((tmp_path / "logs").glob("ar-*.log")))
+        assert logs.count("vLLM engine up") == 2
+        assert logs.count("Explicitly set (0.75/") == 2, logs  # vLLM's own line: the KV cache as given
+        assert "waiting for engine-start" not in logs
+    finally:
+        fleet.stop()
+        delete_prefix(settings.redis_url, settings.key_prefix)

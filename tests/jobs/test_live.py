@@ -24,6 +24,10 @@ def harness(tmp_path):
     return make_harness(tmp_path)
 
 
+async def latest_attempt(ctx, job_id: str, segment: int) -> int:
+    return int(await ctx.redis.hget(ctx.names.attempts(job_id), segment))
+
+
 async def until(predicate, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -41,7 +45,8 @@ def test_deltas_in_order_a_retry_continued_then_the_next_segment(harness):
     heard: list[np.ndarray] = []
 
     async def main():
-        job = await new_job(ctx)  # two segments; attempt 1 of segment 0 started
+        job = await new_job(ctx)  # two segments; the first attempt of segment 0 started
+        one = await latest_attempt(ctx, job.id, 0)
         plan = await ctx.store.plan(job.id)
         live = reader(ctx, job, plan)
 
@@ -50,7 +55,7 @@ def test_deltas_in_order_a_retry_continued_then_the_next_segment(harness):
                 heard.append(piece)
 
         task = asyncio.create_task(listen())
-        first = [AudioChunk(job.id, 0, 1, seq, False, RATE, pcm([seq + 1] * 4)) for seq in range(3)]
+        first = [AudioChunk(job.id, 0, one, seq, False, RATE, pcm([seq + 1] * 4)) for seq in range(3)]
         # chunk 1 arrives before chunk 0: nothing is heard until 0 is there, then both in order
         await deliver(ctx, assembler, [first[1]])
         await asyncio.sleep(0.05)
@@ -59,12 +64,13 @@ def test_deltas_in_order_a_retry_continued_then_the_next_segment(harness):
         await until(lambda: sum(p.size for p in heard) == 8)
         # the worker dies; attempt 2 renders the segment again (other audio): the listener goes on
         # from its 9th sample, never hearing a sample twice
-        assert await ctx.store.start_segment(job.id, 0) == 2
-        second = [AudioChunk(job.id, 0, 2, seq, seq == 2, RATE, pcm([10 + seq] * 4)) for seq in range(3)]
+        two = await ctx.store.start_segment(job.id, 0)
+        assert two > one
+        second = [AudioChunk(job.id, 0, two, seq, seq == 2, RATE, pcm([10 + seq] * 4)) for seq in range(3)]
         await deliver(ctx, assembler, second)
         await until(lambda: sum(p.size for p in heard) >= 12)
-        assert await ctx.store.start_segment(job.id, 1) == 1
-        await deliver(ctx, assembler, [AudioChunk(job.id, 1, 1, 0, True, RATE, pcm([7] * 5))])
+        other = await ctx.store.start_segment(job.id, 1)
+        await deliver(ctx, assembler, [AudioChunk(job.id, 1, other, 0, True, RATE, pcm([7] * 5))])
         await asyncio.wait_for(task, 5)
         return plan
 
@@ -96,7 +102,8 @@ def test_a_cancelled_job_ends_the_stream(harness):
                 got.append(piece)
 
         task = asyncio.create_task(listen())
-        await deliver(ctx, assembler, [AudioChunk(job.id, 0, 1, 0, False, RATE, pcm([3] * 6))])
+        attempt = await latest_attempt(ctx, job.id, 0)
+        await deliver(ctx, assembler, [AudioChunk(job.id, 0, attempt, 0, False, RATE, pcm([3] * 6))])
         await until(lambda: got)
         await ctx.store.cancel(job.id)
         with pytest.raises(LiveEnded, match="cancelled"):

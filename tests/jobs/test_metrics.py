@@ -28,10 +28,10 @@ def settings(tmp_path, **overrides) -> Settings:
     return Settings(**{**values, **overrides})
 
 
-def scrape(store, s) -> dict[tuple[str, tuple], float]:
+def scrape(store, s, rq=None) -> dict[tuple[str, tuple], float]:
     """(sample name, sorted labels) -> value, as Prometheus would read the rendered text."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(Families(asyncio.run(fleet_metrics(store, s))))
+    registry.register(Families(asyncio.run(fleet_metrics(store, s, rq or fakeredis.FakeRedis()))))
     text = generate_latest(registry).decode()
     return {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
@@ -65,11 +65,12 @@ def test_jobs_by_state_endings_streams_queues_and_workers(tmp_path):
         await readiness.beat(redis, names, "ar", ["tiny"], "ar-1", s.heartbeat_s)
         await readiness.beat(redis, names, "speech", ["espeak"], "speech-1", s.heartbeat_s)
         await readiness.beat(redis, names, "speech", ["espeak"], "speech-2", s.heartbeat_s)
-        await redis.rpush("rq:queue:t-finalize", "job-a", "job-b")
         return queued, running
 
     queued, running = asyncio.run(setup())
-    m = scrape(store, s)
+    rq = fakeredis.FakeRedis()  # RQ's own Redis (on a cluster, another server than the fleet's)
+    rq.rpush("rq:queue:t-finalize", "job-a", "job-b")
+    m = scrape(store, s, rq)
     assert m[("narrate_redis_up", ())] == 1
     jobs = {state: m[("narrate_jobs", (("state", state),))] for state in ("queued", "running", "finalizing")}
     assert jobs == {"queued": 1, "running": 1, "finalizing": 0}
@@ -115,12 +116,17 @@ def test_shards_are_summed_and_a_dead_worker_is_not_live(tmp_path):
     async def setup():
         for shard in (0, 1):
             await redis.xadd(names.tasks("tiny", shard), {"h": b"{}"})
+            for _ in range(shard + 1):  # 1 + 2 code chunks and audio chunks
+                await redis.xadd(names.codes("tiny", shard), {"h": b"{}"})
+                await redis.xadd(names.audio(shard), {"h": b"{}"})
         stale = time.time() - 10 * s.heartbeat_s  # heard from long ago: killed
         await redis.zadd(names.live_workers("ar", "tiny"), {"ar-dead": stale})
 
     asyncio.run(setup())
     m = scrape(store, s)
     assert m[("narrate_stream_length", (("model", "tiny"), ("stream", "tasks")))] == 2
+    assert m[("narrate_stream_length", (("model", "tiny"), ("stream", "codes")))] == 3
+    assert m[("narrate_stream_length", (("model", ""), ("stream", "audio")))] == 3
     assert m[("narrate_workers_live", (("model", "tiny"), ("stage", "ar")))] == 0
 
 
@@ -135,7 +141,7 @@ def test_redis_away_or_silent_is_reported_not_raised(tmp_path):
             redis = aioredis.Redis(host="127.0.0.1", port=port, retry=Retry(NoBackoff(), 0))
             store = JobStore(redis, Names("t"), events_maxlen=1000, result_ttl_s=60)
             started = time.monotonic()
-            families = asyncio.run(fleet_metrics(store, s, timeout_s=timeout_s))
+            families = asyncio.run(fleet_metrics(store, s, fakeredis.FakeRedis(), timeout_s=timeout_s))
             assert time.monotonic() - started < 3
             assert [(f.name, f.samples[0].value) for f in families][:1] == [("narrate_redis_up", 0)]
             assert [f.name for f in families] == ["narrate_redis_up", "narrate_fleet_read_seconds"]

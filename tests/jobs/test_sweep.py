@@ -135,16 +135,19 @@ def test_one_sweeper_per_interval(sweep):
 
 def test_dead_consumers_leave_their_groups_but_never_with_entries(redis_url, key_prefix, tmp_path):
     """On a real Redis (consumer idle times): a consumer that holds nothing and has not read for
-    ``consumer_forget_s`` goes; one that still holds an entry stays (deleting it would drop it)."""
+    ``consumer_forget_s`` goes; one that still holds an entry stays (deleting it would drop it). On
+    the last shard's audio stream: the sweep goes over every shard."""
     import redis.asyncio as aioredis
 
-    settings = Settings(redis_url=redis_url, key_prefix=key_prefix, data_dir=tmp_path, consumer_forget_s=0.2)
+    settings = Settings(
+        redis_url=redis_url, key_prefix=key_prefix, data_dir=tmp_path, consumer_forget_s=0.2, task_shards=2
+    )
     storage = LocalStorage(tmp_path / "storage")
 
     async def main():
         client = aioredis.from_url(redis_url)
         store = JobStore.for_settings(client, settings)
-        stream = store.names.audio()
+        stream = store.names.audio(1)
         await client.xgroup_create(stream, "assembler", id="0", mkstream=True)
         for x in (b"1", b"2", b"3"):
             await client.xadd(stream, {b"x": x})

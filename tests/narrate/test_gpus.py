@@ -188,3 +188,19 @@ def test_a_pinned_child_sees_only_its_gpu(env, tmp_path):
     seen = {c.name: (tmp_path / "logs" / f"{c.name}.log").read_text().strip() for c in children}
     assert seen == {"ar-tiny-g0-0": "0", "ar-tiny-g1-0": "1", "decoder-g0-0": "0", "decoder-g1-0": "1",
                     "assembler-0": "0,1"}  # fmt: skip
+
+
+def test_engines_given_their_kv_cache_size_take_no_engine_start_lock(env):
+    """vllm_kv_cache_memory_gb reaches vLLM as kv_cache_memory_bytes, and such an engine has no
+    memory profile to protect: no engine-start lock (tests/integration/test_vllm_fleet.py starts two)."""
+    from models.registry import vllm_extra_args
+    from workers.ar import measures_memory_at_start
+
+    profiled = Settings()
+    given = Settings(vllm_kv_cache_memory_gb=43)
+    assert measures_memory_at_start(profiled) and "kv_cache_memory_bytes" not in (vllm_extra_args(profiled) or {})
+    assert not measures_memory_at_start(given)
+    assert vllm_extra_args(given)["kv_cache_memory_bytes"] == 43 * 2**30
+    assert measures_memory_at_start(Settings(engine="reference", vllm_kv_cache_memory_gb=43))
+    with pytest.raises(ValueError):
+        Settings(vllm_kv_cache_memory_gb=0)

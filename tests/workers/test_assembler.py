@@ -48,7 +48,7 @@ def make_harness(tmp_path):
 async def new_job(ctx, text="One. Two."):
     job, plan = validate(JobRequest(text=text), ctx.settings)
     await ctx.store.create(job, plan, tasks_for(job, plan))
-    assert await ctx.store.start_segment(job.id, 0) == 1  # the job is running
+    assert await ctx.store.start_segment(job.id, 0) > 0  # the job is running
     return job
 
 

@@ -4,6 +4,7 @@ job's first segment (what a listener waits for), which it decodes at once."""
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import numpy as np
 import pytest
@@ -114,3 +115,18 @@ def test_a_first_segment_arriving_during_the_linger_ends_it(decoder):
         await ctx.redis.aclose()
 
     asyncio.run(main())
+
+
+def test_the_stats_line_tells_a_gpu_workers_peak_memory_and_nothing_on_the_cpu(monkeypatch):
+    """What a decoder takes of its GPU beside the AR engines (the figure the per-GPU memory check
+    lacks): the allocator's peak, read from its counters; on the CPU (CUDA never initialised) nothing."""
+    import types
+
+    import torch
+
+    from workers.runtime import gpu_memory_peak
+
+    assert not torch.cuda.is_initialized() and gpu_memory_peak() == ""
+    cuda = types.SimpleNamespace(is_initialized=lambda: True, max_memory_reserved=lambda: 1536 * 2**20)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    assert gpu_memory_peak() == ", GPU memory 1536 MiB at most"

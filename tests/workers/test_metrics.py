@@ -53,7 +53,7 @@ async def new_job(ctx, text="One. Two.", age_s: float = 0.0, start: bool = True)
     job = replace(job, created_at=time.time() - age_s)
     await ctx.store.create(job, plan, tasks_for(job, plan))
     if start:
-        assert await ctx.store.start_segment(job.id, 0) == 1
+        assert await ctx.store.start_segment(job.id, 0) > 0
     return job, plan
 
 

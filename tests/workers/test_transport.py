@@ -126,10 +126,15 @@ def test_a_dead_letter_records_where_it_came_from_and_leaves_the_stream(transpor
 
 
 def test_publish_and_backlog(transports):
+    """A backlog is the most any group of streams (a stage's shards) holds, its streams summed."""
+
     async def scenario(a, b, put, broker):
         await a.setup()
-        target = a.streams[0]
+        target, other = a.streams[0], f"{a.streams[0]}:2"
         await a.publish(target, [{b"x": b"1"}, {b"x": b"2"}])
-        return await a.backlog([target]), await a.backlog([])
+        await a.publish(other, [{b"x": b"3"}, {b"x": b"4"}, {b"x": b"5"}])
+        return await a.backlog([[target]]), await a.backlog([[target], [other]]), await a.backlog(
+            [[target, other], [other]]
+        ), await a.backlog([])
 
-    assert transports(scenario) == (2, 0)
+    assert transports(scenario) == (2, 3, 5, 0)
