@@ -79,9 +79,11 @@ class RunningFleet:
     def client(self, **kw) -> httpx.Client:
         return httpx.Client(base_url=self.base_url, timeout=kw.pop("timeout", 30), **kw)
 
-    def logs(self) -> str:
+    def logs(self, tail: int | None = 4000) -> str:
+        """Every child's log: its last ``tail`` characters (failure messages), or all of it (None:
+        for checks that look for a line, which a busy log's tail may no longer hold)."""
         return "\n".join(
-            f"== {p.name}\n{p.read_text(errors='replace')[-4000:]}"
+            f"== {p.name}\n{p.read_text(errors='replace')[-tail if tail else 0:]}"
             for p in sorted(self.log_dir.glob("*.log"))
         )
 
