@@ -485,6 +485,7 @@ def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int, redis_p
     import httpx
 
     from fleet.names import JobObjects, Names
+    from narrate import mps
     from narrate.supervisor import Supervisor, fleet_children, fleet_gpu_options, free_port
 
     port = free_port()
@@ -499,6 +500,8 @@ def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int, redis_p
         **fleet_gpu_options(settings),  # --gpus: ar_workers and decoders on each GPU, pinned
     )
     ar_workers *= max(1, len(settings.gpu_ids))
+    gpu_sharing = contextlib.ExitStack()  # cuda_mps: this fleet's MPS daemon, quit after its children
+    env = {**env, **mps.start_for(settings, gpu_sharing)}
     sup = Supervisor(children, env, log_dir=log_dir)
     sup.start()
     base = f"http://127.0.0.1:{port}"
@@ -664,6 +667,7 @@ def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int, redis_p
     finally:
         client.close()
         sup.stop(timeout=30)
+        gpu_sharing.close()
 
 
 def decoder_gpu_memory_mib(log_dir: Path) -> dict[str, int]:

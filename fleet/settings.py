@@ -134,6 +134,10 @@ class Settings(BaseSettings):
     #: beside its engines), "first" (all on the first GPU of ``gpus``) or one GPU of ``gpus``. Which is
     #: faster depends on the GPUs and the model (docs/architecture.md "Several GPUs and hosts").
     decoder_placement: str = "each"
+    #: The fleet command runs a private CUDA MPS daemon and makes its GPU children its clients, so
+    #: the processes sharing a GPU (several AR engines, a decoder) run their kernels side by side
+    #: instead of taking turns (narrate/mps.py). Needs NVIDIA's nvidia-cuda-mps-control.
+    cuda_mps: bool = False
 
     @property
     def gpu_ids(self) -> tuple[str, ...]:

@@ -173,6 +173,7 @@ def cmd_clean(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_fleet(args: argparse.Namespace, settings: Settings) -> int:
     """Every stage as a child process until SIGINT, SIGTERM or SIGHUP (a second one kills them)."""
     from models.registry import UnknownModelError, served_models
+    from narrate import mps
     from narrate.embedded import DataDirBusy, fleet_redis
     from narrate.signals import StopSignals
     from narrate.supervisor import PlacementError, Supervisor, child_env
@@ -194,10 +195,11 @@ def cmd_fleet(args: argparse.Namespace, settings: Settings) -> int:
     with StopSignals(on_second=kill_now) as signals, ExitStack() as stack:
         try:
             settings, _ = fleet_redis(settings, stack)
-        except DataDirBusy as exc:
+            gpu_env = mps.start_for(settings, stack)  # the GPU children share it: quit after them
+        except (DataDirBusy, mps.MpsError) as exc:
             print(f"narrate: {exc}", file=sys.stderr)
             return 2
-        supervisor = Supervisor(children, child_env(settings))
+        supervisor = Supervisor(children, {**child_env(settings), **gpu_env})
         stack.callback(supervisor.stop)
         supervisor.start()
         log.info("fleet running (Redis %s); Ctrl-C stops it", settings.redis_url)

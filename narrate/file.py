@@ -195,6 +195,7 @@ class Progress:
 def run(file_job: FileJob, settings: Settings) -> int:
     """Narrate ``file_job`` on embedded (or REDIS_URL's) infrastructure; the process exit code."""
     from narrate.embedded import DataDirBusy, fleet_redis
+    from narrate.mps import MpsError
 
     supervisor = None
 
@@ -223,6 +224,9 @@ def run(file_job: FileJob, settings: Settings) -> int:
                 asyncio.run(reset_private_fleet(settings))
             print(f"narrate: interrupted ({exc}); the job was cancelled", file=sys.stderr)
             return exc.exit_code
+        except MpsError as exc:
+            print(f"narrate: {exc}", file=sys.stderr)
+            return 2
 
 
 def worker_children(settings: Settings) -> list:
@@ -245,9 +249,11 @@ def worker_children(settings: Settings) -> list:
 
 
 def _start_workers(settings: Settings, stack: ExitStack):
+    from narrate import mps
     from narrate.supervisor import Supervisor, child_env
 
-    supervisor = Supervisor(worker_children(settings), child_env(settings), log_dir=settings.data_dir / "logs")
+    env = {**child_env(settings), **mps.start_for(settings, stack)}
+    supervisor = Supervisor(worker_children(settings), env, log_dir=settings.data_dir / "logs")
     stack.callback(supervisor.stop)
     supervisor.start()
     return supervisor

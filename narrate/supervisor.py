@@ -243,6 +243,11 @@ def fleet_gpu_options(settings) -> dict:
             f"NARRATE_DEVICE={device} with NARRATE_GPUS={settings.gpus}: a pinned child sees only its own "
             "GPU, as cuda (cuda:0); set NARRATE_DEVICE=cuda"
         )
+    if settings.cuda_mps and not device.startswith("cuda"):
+        raise PlacementError(
+            f"NARRATE_CUDA_MPS=1 shares a GPU between the fleet's processes, but NARRATE_DEVICE={device}: "
+            "set NARRATE_DEVICE=cuda or leave NARRATE_CUDA_MPS unset"
+        )
     on_gpu = settings.engine == "vllm" and device.startswith("cuda")
     return {
         "gpus": settings.gpu_ids,

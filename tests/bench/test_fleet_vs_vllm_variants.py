@@ -53,13 +53,16 @@ def test_a_variant_gets_its_settings_and_the_parsed_change_stays_whole(monkeypat
 
     monkeypatch.setattr(bench, "run_fleet", run_fleet)
     args = SimpleNamespace(ar_workers=1, data_dir=str(tmp_path))
-    name, change = bench.fleet_variant("v:ar_workers=2,task_shards=3,NARRATE_X=1")
+    name, change = bench.fleet_variant("v:ar_workers=2,task_shards=3,cuda_mps=true,NARRATE_X=1")
     summary = bench.run_variant(args, OVERRIDES, "p", single_valkey(redis_url), name, change, tmp_path / "logs-v")
-    assert change == {"ar_workers": "2", "task_shards": "3", "NARRATE_X": "1"}  # the next round runs it again
+    assert change == {"ar_workers": "2", "task_shards": "3", "cuda_mps": "true", "NARRATE_X": "1"}  # run again later
     assert (seen["ar_workers"], seen["settings"].task_shards, seen["env"]["NARRATE_X"]) == (2, 3, "1")
+    assert seen["settings"].cuda_mps is True  # run_fleet starts the variant's MPS daemon from it
     assert seen["settings"].redis_url == redis_url and seen["settings"].rq_redis_url is None
     assert seen["settings"].key_prefix == "p-v"
-    assert summary["change"] == {"task_shards": "3", "ar_workers": 2, "redis": "single", "NARRATE_X": "1"}
+    assert summary["change"] == {
+        "task_shards": "3", "cuda_mps": "true", "ar_workers": 2, "redis": "single", "NARRATE_X": "1"
+    }  # fmt: skip
     assert summary["tokens_per_s"] == 7.0  # 10 frames x 7 codes in 10 s
     assert summary["redis_cpu_percent"] == 12.0  # the valkey processes only
 

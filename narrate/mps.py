@@ -1,0 +1,109 @@
+"""A private CUDA MPS daemon for the fleet's GPU children (the ``cuda_mps`` setting).
+
+Two AR engines and a decoder on one GPU are three processes, and without MPS a GPU runs one
+process's kernels at a time, switching between them (time-slicing): on a fast host two engines made
+less than one engine alone (docs/benchmarks.md, session 14). NVIDIA's Multi-Process Service funnels
+every client's kernels through one server, so they run side by side.
+
+The fleet starts a control daemon of its own: its pipe and log directories are private to this
+fleet (a short temporary directory: the pipes are UNIX sockets, whose paths are short), so it
+neither finds nor stops anyone else's MPS. Every child gets the pipe directory in its environment,
+and the daemon quits when the fleet stops (``quit`` on its control pipe). The GPU's compute mode is
+left as it is; under the default mode a process without the variable still runs beside MPS.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from contextlib import ExitStack
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+#: NVIDIA's control program (part of the driver's utilities).
+CONTROL = "nvidia-cuda-mps-control"
+
+
+class MpsError(RuntimeError):
+    """The daemon could not be started (the message says why and what to do)."""
+
+
+class MpsDaemon:
+    def __init__(self, control: str = CONTROL, directory: Path | None = None) -> None:
+        self.control = control
+        self.program = control
+        self._given = directory
+        self.directory: Path | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a child needs to be a client of this daemon (empty until started)."""
+        if self.directory is None:
+            return {}
+        return {
+            "CUDA_MPS_PIPE_DIRECTORY": str(self.directory / "pipe"),
+            "CUDA_MPS_LOG_DIRECTORY": str(self.directory / "log"),
+        }
+
+    def _run(self, args: list[str], stdin: bytes | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [self.program, *args], input=stdin, capture_output=True, timeout=30, env={**os.environ, **self.env}
+        )
+
+    def start(self) -> MpsDaemon:
+        program = shutil.which(self.control)
+        if program is None:
+            raise MpsError(
+                f"NARRATE_CUDA_MPS=1 needs {self.control} (NVIDIA's driver utilities) on PATH; "
+                "install them or leave NARRATE_CUDA_MPS unset"
+            )
+        self.program = program
+        self.directory = self._given or Path(tempfile.mkdtemp(prefix="narrate-mps-"))
+        for sub in ("pipe", "log"):
+            (self.directory / sub).mkdir(parents=True, exist_ok=True)
+        done = self._run(["-d"])
+        if done.returncode != 0:
+            said = (done.stdout + done.stderr).decode(errors="replace").strip()
+            control_log = self.directory / "log" / "control.log"
+            if control_log.exists():
+                said += "\n" + control_log.read_text(errors="replace")[-2000:]
+            self._forget()
+            raise MpsError(f"{self.control} -d failed (exit {done.returncode}): {said or 'no output'}")
+        log.info("CUDA MPS daemon started (pipes in %s)", self.directory / "pipe")
+        return self
+
+    def stop(self) -> None:
+        """Quit the daemon (its server goes with it once the last client has exited)."""
+        if self.directory is None:
+            return
+        try:
+            done = self._run([], stdin=b"quit\n")
+            if done.returncode != 0:
+                log.warning("%s quit: exit %d: %s", self.control, done.returncode, done.stderr.decode(errors="replace"))
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("%s quit failed: %s", self.control, exc)
+        self._forget()
+
+    def _forget(self) -> None:
+        if self._given is None and self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+        self.directory = None
+
+    def __enter__(self) -> MpsDaemon:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def start_for(settings, stack: ExitStack) -> dict[str, str]:
+    """With ``cuda_mps``: start the fleet's daemon, to be quit when ``stack`` closes (after the
+    children it serves, when they were put on the stack later); the children's environment
+    additions. Without it: nothing, {}."""
+    if not settings.cuda_mps:
+        return {}
+    return stack.enter_context(MpsDaemon()).env
