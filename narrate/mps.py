@@ -49,10 +49,16 @@ class MpsDaemon:
             "CUDA_MPS_LOG_DIRECTORY": str(self.directory / "log"),
         }
 
-    def _run(self, args: list[str], stdin: bytes | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [self.program, *args], input=stdin, capture_output=True, timeout=30, env={**os.environ, **self.env}
-        )
+    def _run(self, args: list[str], stdin: bytes | None = None) -> tuple[int, str]:
+        """(exit code, what it printed). Its output goes to a file, not a pipe: ``-d`` forks the
+        daemon, which may keep the descriptors it was given, and a pipe would then never close."""
+        out = self.directory / "log" / "control-command.out"
+        with out.open("wb") as sink:
+            done = subprocess.run(
+                [self.program, *args], input=stdin, stdout=sink, stderr=subprocess.STDOUT, timeout=30,
+                env={**os.environ, **self.env},
+            )  # fmt: skip
+        return done.returncode, out.read_text(errors="replace").strip()
 
     def start(self) -> MpsDaemon:
         program = shutil.which(self.control)
@@ -65,14 +71,13 @@ class MpsDaemon:
         self.directory = self._given or Path(tempfile.mkdtemp(prefix="narrate-mps-"))
         for sub in ("pipe", "log"):
             (self.directory / sub).mkdir(parents=True, exist_ok=True)
-        done = self._run(["-d"])
-        if done.returncode != 0:
-            said = (done.stdout + done.stderr).decode(errors="replace").strip()
+        code, said = self._run(["-d"])
+        if code != 0:
             control_log = self.directory / "log" / "control.log"
             if control_log.exists():
                 said += "\n" + control_log.read_text(errors="replace")[-2000:]
             self._forget()
-            raise MpsError(f"{self.control} -d failed (exit {done.returncode}): {said or 'no output'}")
+            raise MpsError(f"{self.control} -d failed (exit {code}): {said or 'no output'}")
         log.info("CUDA MPS daemon started (pipes in %s)", self.directory / "pipe")
         return self
 
@@ -81,9 +86,9 @@ class MpsDaemon:
         if self.directory is None:
             return
         try:
-            done = self._run([], stdin=b"quit\n")
-            if done.returncode != 0:
-                log.warning("%s quit: exit %d: %s", self.control, done.returncode, done.stderr.decode(errors="replace"))
+            code, said = self._run([], stdin=b"quit\n")
+            if code != 0:
+                log.warning("%s quit: exit %d: %s", self.control, code, said)
         except (OSError, subprocess.TimeoutExpired) as exc:
             log.warning("%s quit failed: %s", self.control, exc)
         self._forget()

@@ -22,6 +22,11 @@ CONTROL = f"""#!{sys.executable}
 import json, os, pathlib, sys
 pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "")
 if sys.argv[1:] == ["-d"]:
+    if os.environ.get("FAKE_MPS_FORK") and os.fork() == 0:  # the daemon: keeps stdout and stderr
+        pathlib.Path(os.environ["FAKE_MPS_FORK"]).write_text(str(os.getpid()))
+        import time
+        time.sleep(60)
+        os._exit(0)
     if os.environ.get("FAKE_MPS_REFUSE"):
         print("An instance of this daemon is already running", file=sys.stderr)
         sys.exit(1)
@@ -89,6 +94,24 @@ def test_a_missing_control_program_says_what_to_do(monkeypatch, tmp_path):
     needs = r"NARRATE_CUDA_MPS=1 needs nvidia-cuda-mps-control .* on PATH"
     with pytest.raises(mps.MpsError, match=needs), ExitStack() as stack:
         mps.start_for(gpu_settings(tmp_path, cuda_mps=True), stack)
+
+
+def test_a_daemon_keeping_its_descriptors_does_not_hold_the_start(control, monkeypatch, tmp_path):
+    """``-d`` forks the daemon, which may keep the stdout and stderr it was given: the start waits
+    for the command, not for those to close (the real daemon lives as long as the fleet)."""
+    import signal
+    import time
+
+    pid_file = tmp_path / "daemon.pid"
+    monkeypatch.setenv("FAKE_MPS_FORK", str(pid_file))
+    started = time.monotonic()
+    daemon = mps.MpsDaemon().start()
+    try:
+        assert time.monotonic() - started < 20  # the forked daemon sleeps 60 s
+        assert pid_file.exists() and daemon.env
+    finally:
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        daemon.stop()
 
 
 def test_a_daemon_that_refuses_to_start_says_why_and_leaves_nothing(control, monkeypatch, tmp_path):
