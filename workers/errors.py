@@ -7,8 +7,9 @@
 - **permanent**: retrying cannot help (an unreadable message, a prompt that cannot fit the engine, a
   request the engine refuses, text the voice cannot read, invalid codes). Dead-lettered at once; the
   job fails with a reason the user can read.
-- **fatal**: this process cannot serve any more (its engine died). It stops taking work, hands back
-  every entry it holds, leaves readiness and exits with ``FATAL_EXIT_CODE``; the supervisor restarts it.
+- **fatal**: this process cannot serve any more (its engine died, or its GPU context is lost: a CUDA
+  error). It stops taking work, hands back every entry it holds, leaves readiness and exits with
+  ``FATAL_EXIT_CODE``; the supervisor restarts it.
 
 Redis being away is none of these: the stage loop waits it out and redoes the batch in hand
 (workers/stage.py), since nothing about the entry itself went wrong.
@@ -59,8 +60,19 @@ PERMANENT: tuple[type[BaseException], ...] = (
 FATAL: tuple[type[BaseException], ...] = (FatalError, EngineDeadError)
 
 
+def gpu_context_lost(error: BaseException) -> bool:
+    """A CUDA error (torch's ``AcceleratorError``; a ``RuntimeError`` saying "CUDA error:" from
+    older torch): an illegal access, a device-side assert, or a fault in another client of the same
+    MPS server leave this process's GPU context unusable, so a retry here would fail again on every
+    entry, and dead-letter good work. Only a new process recovers. (Running out of GPU memory is
+    torch's ``OutOfMemoryError``, which stays retryable.) Told by name: no torch import here."""
+    if type(error).__name__ == "AcceleratorError":
+        return True
+    return isinstance(error, RuntimeError) and str(error).startswith("CUDA error:")
+
+
 def classify(error: BaseException) -> Verdict:
-    if isinstance(error, FATAL):
+    if isinstance(error, FATAL) or gpu_context_lost(error):
         return Verdict.FATAL
     if isinstance(error, PERMANENT):
         return Verdict.PERMANENT

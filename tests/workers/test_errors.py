@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from fleet.messages import MessageError
 from models.engines.base import EngineDeadError, EngineError, EngineRequestError
@@ -36,6 +37,10 @@ POLICY = RetryPolicy(max_deliveries=5, backoff_base_s=1.0, backoff_cap_s=30.0)
         (PermanentError("other model"), Verdict.PERMANENT),
         (EngineDeadError("core died"), Verdict.FATAL),
         (FatalError("gone"), Verdict.FATAL),
+        (torch.AcceleratorError("CUDA error: an illegal memory access was encountered"), Verdict.FATAL),
+        (RuntimeError("CUDA error: device-side assert triggered"), Verdict.FATAL),  # torch before 2.8
+        (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), Verdict.RETRYABLE),
+        (RuntimeError("the size of tensor a (3) must match the size of tensor b (4)"), Verdict.RETRYABLE),
         (EngineError("a step failed"), Verdict.RETRYABLE),
         (IndexError("index out of range in self"), Verdict.RETRYABLE),
         (OSError("disk full"), Verdict.RETRYABLE),

@@ -85,6 +85,46 @@ def test_a_decoder_poison_entry_fails_its_job_and_spares_its_batch(make_settings
     assert [a.segment for a in audio] == [0]  # decoded once (alone after the batch failed), never again
 
 
+class LostGpu:
+    """A codec whose GPU context is gone (an illegal access, or another MPS client's fault)."""
+
+    def __init__(self, codec) -> None:
+        self.sample_rate = codec.sample_rate
+
+    def decode_windows(self, windows):
+        import torch
+
+        raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
+
+
+def test_a_decoder_whose_gpu_context_is_lost_stops_and_hands_its_chunks_back(make_settings, key_prefix):
+    """A CUDA error is fatal to the process, not to the entries: the decoder exits (the supervisor
+    restarts it with a new context) and hands back what it holds, failing no job and dead-lettering
+    nothing, where retrying in the broken context would have dead-lettered every chunk it read."""
+    settings = fast(make_settings, key_prefix, reclaim_idle_ms=60_000, heartbeat_s=0.2)
+
+    async def main():
+        ctx = WorkerContext.create(settings)
+        job = await submit(ctx.store, settings, JobRequest(text="One here. Two there."))
+        await ctx.store.start_segment(job.id, 0)
+        codes = ctx.names.codes("tiny")
+        for segment in (0, 1):
+            chunk = CodeChunk(job.id, segment, 1, 0, "tiny", 0, 0, True, np.zeros((4, 7), np.int32))
+            await ctx.redis.xadd(codes, chunk.encode())
+        decoder = DecoderWorker(ctx, {"tiny": LostGpu(load_codec(get_model("tiny", settings), settings))})
+        with pytest.raises(FatalError, match="illegal memory access"):
+            await asyncio.wait_for(decoder.run(), 30)
+        pending = await ctx.redis.xpending_range(codes, "decoder", min="-", max="+", count=10)
+        result = await ctx.store.get(job.id), pending, await dead_letters(ctx), await ctx.redis.xlen(codes)
+        await ctx.close()
+        return result
+
+    job, pending, letters, codes_left = asyncio.run(main())
+    assert job.status != JobStatus.FAILED and letters == []
+    assert codes_left == 2 and len(pending) == 2  # both chunks still there, for the next decoder
+    assert all(p["time_since_delivered"] > 60_000 for p in pending)  # handed back, not left to the lease
+
+
 class FailingStorage(LocalStorage):
     """A storage whose writes always fail (a full disk, a bucket that refuses)."""
 
