@@ -51,12 +51,17 @@ class MpsDaemon:
 
     def _run(self, args: list[str], stdin: bytes | None = None) -> tuple[int, str]:
         """(exit code, what it printed). Its output goes to a file, not a pipe: ``-d`` forks the
-        daemon, which may keep the descriptors it was given, and a pipe would then never close."""
+        daemon, which may keep the descriptors it was given, and a pipe would then never close.
+
+        The daemon is not given the command's CUDA_VISIBLE_DEVICES: under one, an MPS server
+        renumbers the GPUs it lets its clients see, and a child pinned to GPU 2 would then name
+        another GPU than it does without MPS. Seeing them all, it renumbers none."""
         out = self.directory / "log" / "control-command.out"
+        env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
         with out.open("wb") as sink:
             done = subprocess.run(
                 [self.program, *args], input=stdin, stdout=sink, stderr=subprocess.STDOUT, timeout=30,
-                env={**os.environ, **self.env},
+                env={**env, **self.env},
             )  # fmt: skip
         return done.returncode, out.read_text(errors="replace").strip()
 

@@ -37,6 +37,8 @@ else:
     (pathlib.Path(pipe) / "control").unlink()
 with open(os.environ["FAKE_MPS_RECORD"], "a") as f:
     f.write(json.dumps([what, pipe, os.environ.get("CUDA_MPS_LOG_DIRECTORY")]) + "\\n")
+with open(os.environ["FAKE_MPS_RECORD"] + ".devices", "a") as f:
+    f.write(json.dumps(os.environ.get("CUDA_VISIBLE_DEVICES")) + "\\n")
 """
 
 
@@ -62,9 +64,15 @@ def gpu_settings(tmp_path, **kw) -> Settings:
     return Settings(data_dir=tmp_path / "data", device="cuda", engine="vllm", **kw)
 
 
-def test_the_children_get_the_daemons_pipes_and_it_quits_after_them(control, tmp_path):
-    show = "import os; print(os.environ['CUDA_MPS_PIPE_DIRECTORY'], os.environ['CUDA_MPS_LOG_DIRECTORY'])"
-    child = Child("ar-tiny-0", [sys.executable, "-c", show])
+def test_the_children_get_the_daemons_pipes_and_it_quits_after_them(control, monkeypatch, tmp_path):
+    """Pinned children keep their GPU's id as it is without MPS: the daemon sees every GPU (not the
+    command's CUDA_VISIBLE_DEVICES, under which an MPS server renumbers the GPUs it shows)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")  # what the fleet command itself sees
+    show = (
+        "import os; print(os.environ['CUDA_MPS_PIPE_DIRECTORY'], os.environ['CUDA_MPS_LOG_DIRECTORY'],"
+        " os.environ['CUDA_VISIBLE_DEVICES'])"
+    )
+    child = Child("ar-tiny-g3-0", [sys.executable, "-c", show], env={"CUDA_VISIBLE_DEVICES": "3"})
     with ExitStack() as stack:
         env = mps.start_for(gpu_settings(tmp_path, cuda_mps=True), stack)
         pipe, logs = Path(env["CUDA_MPS_PIPE_DIRECTORY"]), Path(env["CUDA_MPS_LOG_DIRECTORY"])
@@ -77,9 +85,10 @@ def test_the_children_get_the_daemons_pipes_and_it_quits_after_them(control, tmp
         stack.callback(sup.stop)  # as narrate fleet does: the children stop before the daemon quits
         sup.start()
         child.process.wait(timeout=30)
-        assert (tmp_path / "logs" / "ar-tiny-0.log").read_text().split() == [str(pipe), str(logs)]
+        assert (tmp_path / "logs" / "ar-tiny-g3-0.log").read_text().split() == [str(pipe), str(logs), "3"]
         assert len(calls(control)) == 1  # still up while the fleet runs
     assert calls(control) == [["start", str(pipe), str(logs)], ["quit", str(pipe), str(logs)]]
+    assert calls(Path(f"{control}.devices")) == [None, None]  # the daemon saw every GPU
     assert not pipe.parent.exists()  # its temporary directory goes with it
 
 
