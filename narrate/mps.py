@@ -33,11 +33,9 @@ class MpsError(RuntimeError):
 
 
 class MpsDaemon:
-    def __init__(self, control: str = CONTROL, directory: Path | None = None) -> None:
-        self.control = control
-        self.program = control
-        self._given = directory
-        self.directory: Path | None = None
+    def __init__(self) -> None:
+        self.program = CONTROL  # its full path once started
+        self.directory: Path | None = None  # the private temporary directory while it runs
 
     @property
     def env(self) -> dict[str, str]:
@@ -66,23 +64,23 @@ class MpsDaemon:
         return done.returncode, out.read_text(errors="replace").strip()
 
     def start(self) -> MpsDaemon:
-        program = shutil.which(self.control)
+        program = shutil.which(CONTROL)
         if program is None:
             raise MpsError(
-                f"NARRATE_CUDA_MPS=1 needs {self.control} (NVIDIA's driver utilities) on PATH; "
+                f"NARRATE_CUDA_MPS=1 needs {CONTROL} (NVIDIA's driver utilities) on PATH; "
                 "install them or leave NARRATE_CUDA_MPS unset"
             )
         self.program = program
-        self.directory = self._given or Path(tempfile.mkdtemp(prefix="narrate-mps-"))
+        self.directory = Path(tempfile.mkdtemp(prefix="narrate-mps-"))
         for sub in ("pipe", "log"):
-            (self.directory / sub).mkdir(parents=True, exist_ok=True)
+            (self.directory / sub).mkdir()
         code, said = self._run(["-d"])
         if code != 0:
             control_log = self.directory / "log" / "control.log"
             if control_log.exists():
                 said += "\n" + control_log.read_text(errors="replace")[-2000:]
             self._forget()
-            raise MpsError(f"{self.control} -d failed (exit {code}): {said or 'no output'}")
+            raise MpsError(f"{CONTROL} -d failed (exit {code}): {said or 'no output'}")
         log.info("CUDA MPS daemon started (pipes in %s)", self.directory / "pipe")
         return self
 
@@ -93,13 +91,13 @@ class MpsDaemon:
         try:
             code, said = self._run([], stdin=b"quit\n")
             if code != 0:
-                log.warning("%s quit: exit %d: %s", self.control, code, said)
+                log.warning("%s quit: exit %d: %s", CONTROL, code, said)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            log.warning("%s quit failed: %s", self.control, exc)
+            log.warning("%s quit failed: %s", CONTROL, exc)
         self._forget()
 
     def _forget(self) -> None:
-        if self._given is None and self.directory is not None:
+        if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
         self.directory = None
 
