@@ -144,6 +144,7 @@ class FrameConstraintLogitsProcessor(LogitsProcessor):
         self._late: list[int] = []  # batch indices of rows with unresolved placeholders
         self._steps: dict[tuple, dict[int, _Step]] = {}  # (dtype, row stride) -> size -> step
         self._graphs = device.type == "cuda" and os.environ.get(PROCESSOR_GRAPHS_ENV) != "0"
+        self._padded = self._graphs  # graphs want fixed shapes; tests pad on the CPU as well
         self._consts: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._zeros: dict[torch.dtype, torch.Tensor] = {}
 
@@ -329,9 +330,12 @@ class FrameConstraintLogitsProcessor(LogitsProcessor):
         self._last.index_copy_(0, index, step.tokens)
 
     def _step(self, m: int, vocab: int, dtype: torch.dtype, row_stride: int) -> _Step:
-        """The step of ``m`` rows, padded to the next power of two (at most max_num_seqs). Every
-        size is made (and on CUDA captured) at the first step: a capture waits for the GPU, which
-        the first request of an engine can afford and a full batch in the middle of a book cannot."""
+        """The step of ``m`` rows. As graphs: padded to the next power of two (at most
+        max_num_seqs), every size made and captured at the first step (a capture waits for the GPU,
+        which the first request of an engine can afford and a full batch in the middle of a book
+        cannot). Op by op: exactly ``m`` rows, since padding rows would only cost work."""
+        if not self._padded:
+            return self._make_step(m, vocab, dtype, row_stride)
         steps = self._steps.get((dtype, row_stride))
         if steps is None:
             started = time.perf_counter()

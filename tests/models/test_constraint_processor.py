@@ -127,15 +127,18 @@ def advance(batch: list[Request], tokens: list[int], async_scheduling: str | Non
             req.output.append(token)
 
 
+@pytest.mark.parametrize("padded", [False, True], ids=["exact", "padded"])
 @pytest.mark.parametrize("layout", LAYOUTS.values(), ids=LAYOUTS.keys())
 @pytest.mark.parametrize("async_scheduling", [None, "filled", "placeholders"])
-def test_every_row_gets_its_own_sample_through_adds_removes_moves_and_swaps(async_scheduling, layout):
+def test_every_row_gets_its_own_sample_through_adds_removes_moves_and_swaps(async_scheduling, layout, padded):
     """async "filled": vLLM writes each token into the list a step late (what it does when a custom
     processor may read output ids); "placeholders": every generated token stays -1 (what it does
     once told the processor needs none, see test_vllm_is_told_the_processor_needs_no_output_ids).
-    Batches of 1-8 rows run padded to 1, 2, 4 and 8 rows (the scratch row takes the padding)."""
+    "padded": batches of 1-8 rows run padded to 1, 2, 4 and 8 rows, as the CUDA graphs run them
+    (the scratch row takes the padding); "exact": op by op, as on the CPU."""
     torch.manual_seed(0)
     proc = processor()
+    proc._padded = padded
     checked = 0
     for update, batch in random_batches(7 if async_scheduling else 8, layout):
         proc.update_state(update)
@@ -184,7 +187,7 @@ def test_cuda_graphs_pick_what_the_direct_run_picks(monkeypatch, layout):
     graphed = processor("cuda")
     monkeypatch.setenv(PROCESSOR_GRAPHS_ENV, "0")
     direct = processor("cuda")
-    assert graphed._graphs and not direct._graphs
+    assert graphed._graphs and graphed._padded and not direct._graphs
     torch.manual_seed(0)
     checked = 0
     for update, batch in random_batches(9, layout):
