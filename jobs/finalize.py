@@ -174,15 +174,18 @@ def finalize_rq_id(settings: Settings, job_id: str) -> str:
 
 
 def forget_finalize(settings: Settings, job_id: str, connection=None) -> None:
-    """Delete RQ's record of a job's finalize (a queued or failed one; a successful one leaves none)."""
-    from rq.exceptions import NoSuchJobError
+    """Delete RQ's record of a job's finalize (a queued or failed one; a successful one leaves none).
+
+    A finalize that succeeds between RQ's fetch and its delete takes its record with it, and RQ's
+    delete then cannot read its status (InvalidJobOperation): gone is what was asked for."""
+    from rq.exceptions import InvalidJobOperation, NoSuchJobError
     from rq.job import Job as RQJob
 
     own = connection is None
     connection = connection or rq_client(settings)
     try:
         RQJob.fetch(finalize_rq_id(settings, job_id), connection=connection).delete()
-    except NoSuchJobError:
+    except (NoSuchJobError, InvalidJobOperation):
         pass
     finally:
         if own:

@@ -79,3 +79,29 @@ def test_a_second_finalize_of_a_done_job_keeps_its_file(tmp_path):
 
 async def _noop(_job_id):
     return None
+
+
+def test_forgetting_a_finalize_that_ends_meanwhile_is_not_an_error(redis_url, key_prefix, monkeypatch):
+    """A finalize that succeeds between RQ's fetch and its delete discards its own record (CI,
+    2026-12-04: the speech API's job deletion failed with InvalidJobOperation and left the job)."""
+    import redis
+    from rq import Queue
+    from rq.job import Job as RQJob
+
+    from jobs.finalize import finalize_rq_id, forget_finalize
+
+    settings = Settings(redis_url=redis_url, key_prefix=key_prefix)
+    connection = redis.Redis.from_url(redis_url)
+    rq_id = finalize_rq_id(settings, "job1")
+    Queue(f"{key_prefix}-q", connection=connection).enqueue_call("builtins.len", args=([],), job_id=rq_id)
+    fetch = RQJob.fetch
+
+    def fetch_then_finish(job_id, connection):
+        job = fetch(job_id, connection=connection)
+        connection.delete(job.key)  # the worker: "result discarded immediately"
+        return job
+
+    monkeypatch.setattr(RQJob, "fetch", staticmethod(fetch_then_finish))
+    forget_finalize(settings, "job1", connection)
+    assert not RQJob.exists(rq_id, connection=connection)
+    connection.close()
