@@ -316,10 +316,14 @@ class JobStore:
         result = await self._add_delta(keys, args)
         return result.decode()
 
-    async def deltas(self, job_id: str, segment: int, attempt: int) -> list[bytes]:
-        """The delta PCM pieces of one attempt, in chunk order."""
+    async def deltas(self, job_id: str, segment: int, attempt: int) -> list[bytes] | None:
+        """The delta PCM pieces of one attempt, in chunk order; None when they are no longer all
+        there: another handler of the same chunk (a redelivery, e.g. after a failover rolled back a
+        read) completed or gave up the attempt between ADD_DELTA's 'complete' and this read."""
         raw = await self.redis.hgetall(self.names.deltas(job_id, segment, attempt))
         pieces = sorted((int(k), v) for k, v in raw.items() if k != b"n")
+        if b"n" not in raw or len(pieces) != int(raw[b"n"]):
+            return None
         return [v for _, v in pieces]
 
     async def segment_done(

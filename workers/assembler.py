@@ -109,7 +109,10 @@ class Assembler(Stage[AudioChunk]):
         job = await store.get(chunk.job_id)
         if job is None:
             return  # deleted meanwhile: nothing to store it for
-        pcm = b"".join(await store.deltas(chunk.job_id, chunk.segment, chunk.attempt))
+        pieces = await store.deltas(chunk.job_id, chunk.segment, chunk.attempt)
+        if pieces is None:
+            return  # a concurrent handler of this chunk completed (or gave up) the attempt: not silence
+        pcm = b"".join(pieces)
         if await self._silent_runaway_retried(job, chunk, pcm):
             return
         key = job.objects.part(chunk.segment, chunk.attempt)

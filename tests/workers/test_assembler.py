@@ -152,6 +152,30 @@ def test_when_two_attempts_complete_together_only_the_winner_keeps_a_part(harnes
     assert asyncio.run(ctx.store.completed_segments(job.id)) == {0: (1, 2)}
 
 
+def test_a_chunk_handled_twice_at_once_is_not_taken_for_silence(harness):
+    """After a failover that rolls back a read, two assemblers can hold the same final chunk: both
+    hear 'complete', one stores the segment and its audio pieces go. The other then finds none:
+    that is someone else's finished work, not a silent segment to retry with a new seed (CI,
+    2026-12-04: such a retry's other audio won after a later failover lost the first record)."""
+    ctx, assembler, _ = harness
+
+    async def main():
+        job = await new_job(ctx, "One. Two.")
+        chunk = AudioChunk(job.id, 0, 1, 0, True, 24000, pcm([5, 6]))
+        assert await ctx.store.add_delta(chunk) == "complete"  # the second handler's view...
+        assert await ctx.store.add_delta(chunk) == "complete"  # ...and the first's
+        await assembler.complete_segment(chunk)  # the first stores it
+        await assembler.complete_segment(chunk)  # the second comes after
+        queued = await ctx.store.scheduler.queued_tasks("tiny", job.shard, job.id)
+        return job, queued, await events(ctx, job.id)
+
+    job, queued, evs = asyncio.run(main())
+    assert asyncio.run(ctx.store.completed_segments(job.id)) == {0: (1, 2)}
+    assert ctx.storage.get_bytes(job.objects.part(0, 1)) == pcm([5, 6])
+    assert [t for t in queued if t.segment == 0] == []  # no retry queued
+    assert not [k for k, _ in evs if k in ("runaway", "warning")]
+
+
 def test_a_near_silent_segment_is_retried_with_the_next_seed_then_kept_flagged(harness):
     ctx, assembler, _ = harness  # runaway_retries = 2 (the default)
 
