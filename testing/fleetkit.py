@@ -699,10 +699,12 @@ class MemoryBound:
 
     With the decoders stopped nothing leaves the code-chunk stream, so it grows until the AR workers'
     back-pressure check sees more than ``max_stream_backlog`` entries; a worker checks before each read
-    and then starts at most ``max_num_seqs`` segments, so at most ``ar_workers x max_num_seqs`` segments
-    are started past the limit, each writing ``windows_per_segment`` chunks:
+    and then starts at most as many segments as its engine has slots (``max_num_seqs`` +
+    ``interactive_slots``: a batch segment already admitted to the stream may take a reserved slot),
+    so at most ``ar_workers x slots`` segments are started past the limit, each writing
+    ``windows_per_segment`` chunks:
 
-        chunk entries <= max_stream_backlog + ar_workers * max_num_seqs * windows_per_segment
+        chunk entries <= max_stream_backlog + ar_workers * slots * windows_per_segment
 
     Besides, the job's own keys: one task entry per segment (its text, the input; they leave the stream
     as segments start) and the plan. The audio stream and delta hashes stay empty (no decoder output).
@@ -725,6 +727,7 @@ class MemoryBound:
     plan_bytes: int
     chunk_entries: int
     chunk_bytes: int  # the largest code-chunk entry, raw
+    slots_per_worker: int  # an AR worker's engine slots (models/registry.py load_engine)
     most_chunks_per_segment: int  # windows of the segment the AR worker cuts into the most
     fewest_chunks_per_segment: int  # and into the fewest
     all_chunks: int  # windows of every segment together
@@ -782,13 +785,15 @@ class MemoryBound:
             for w in cut_windows
         )
         most = max(len(w) for w in cut.values())
+        slots = settings.max_num_seqs + settings.interactive_slots
         return cls(
             baseline=baseline,
             segments=len(tasks),
             task_bytes=sum(entry(t.encode()) for t in tasks),
             plan_bytes=len(plan.to_json()),
-            chunk_entries=settings.max_stream_backlog + ar_workers * settings.max_num_seqs * most,
+            chunk_entries=settings.max_stream_backlog + ar_workers * slots * most,
             chunk_bytes=chunk_bytes,
+            slots_per_worker=slots,
             most_chunks_per_segment=most,
             fewest_chunks_per_segment=min(len(w) for w in cut.values()),
             all_chunks=sum(len(w) for w in cut.values()),

@@ -38,8 +38,9 @@ def test_paused_decoders_keep_redis_memory_bounded_and_the_job_completes(data_di
         bound = run.bound
         # the AR stage stopped pulling: most tasks were never read, and nothing moved while watched
         # (a segment writes at least `fewest` chunks: once the backlog is passed no AR worker reads more)
+        # (and each worker holds at most its engine's slots: max_num_seqs + interactive_slots)
         fewest = bound.fewest_chunks_per_segment
-        most_started = settings.max_stream_backlog // fewest + 1 + AR_WORKERS * settings.max_num_seqs
+        most_started = settings.max_stream_backlog // fewest + 1 + AR_WORKERS * bound.slots_per_worker
         assert settings.max_stream_backlog < run.codes_paused <= bound.chunk_entries
         assert 0 < run.started_paused <= most_started
         assert run.tasks_left == SEGMENTS - run.started_paused
