@@ -969,6 +969,14 @@ def wait_for_free_gpu(args, what: str) -> None:
     print(f"GPU memory in use before the {what}: {used} MiB", flush=True)
 
 
+def precision_label(settings) -> str:
+    """Weights and KV cache as the fleet and raw vLLM both run them (raw takes the fleet's engine
+    arguments): FP8 is opt-in (NARRATE_VLLM_QUANTIZATION, NARRATE_VLLM_KV_CACHE_DTYPE) and its figures
+    are labelled apart from the bf16 ones."""
+    weights = settings.vllm_quantization or settings.vllm_dtype
+    return f"weights {weights}, KV cache {settings.vllm_kv_cache_dtype}"
+
+
 def host_cpu() -> dict:
     """The host's CPU model and cores: raw vLLM's engine core is CPU-bound, so its speed follows it."""
     model = ""
@@ -1375,6 +1383,8 @@ def main() -> int:
     valkey = EmbeddedValkey(data)
     url = valkey.start()
     settings = Settings(redis_url=url, key_prefix=f"bench{int(time.time())}", **overrides)
+    precision = precision_label(settings)
+    print(f"RESULT precision: {precision}", flush=True)
     env = fleet_env(settings)
     os.environ.update({k: v for k, v in env.items() if k.startswith("VLLM")})
     variants = {}
@@ -1393,6 +1403,7 @@ def main() -> int:
     fleet_tokens = manifest_tokens(fleet["manifests"])
     result = {
         "host_cpu": host,
+        "precision": precision,
         "complete": fleet["complete"],
         "model": args.model,
         "device": args.device,

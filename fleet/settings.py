@@ -97,6 +97,12 @@ class Settings(BaseSettings):
     vllm_kv_cache_memory_gb: float | None = Field(default=None, gt=0)
     vllm_load_format: str = "auto"
     vllm_enforce_eager: bool = False
+    #: Opt-in weight quantization: "fp8" is vLLM's dynamic FP8 of the bf16 checkpoint (per-tensor
+    #: scales computed at load; Hopper-class GPUs). Never the default: its audio has not been judged
+    #: on real weights, and the bench labels its figures apart (docs/benchmarks.md).
+    vllm_quantization: Literal["fp8"] | None = None
+    #: KV cache dtype: "auto" (the weights') or "fp8" (half the cache memory per token). Opt-in too.
+    vllm_kv_cache_dtype: Literal["auto", "fp8"] = "auto"
     #: Tokens vLLM accumulates per request before streaming them out: one Orpheus frame (7) cuts the
     #: per-token Python work of the AR worker sevenfold and delays a chunk by at most 6 tokens.
     vllm_stream_interval: int = 7

@@ -255,6 +255,12 @@ def load_engine(spec: ModelSpec, settings: Settings):
     if settings.engine == "vllm":
         from models.engines.vllm_engine import VllmEngine
 
+        if settings.vllm_quantization == "fp8" and settings.device != "cuda":
+            # vLLM's CPU build has the option but not the kernels: it would fail deep in its start
+            raise ValueError(
+                "NARRATE_VLLM_QUANTIZATION=fp8 needs a CUDA GPU of compute capability 8.9 or more "
+                "(NARRATE_DEVICE=cuda); vLLM's CPU build has no FP8 weight kernels"
+            )
         return VllmEngine(
             spec.checkpoint(settings),
             max_num_seqs=settings.max_num_seqs + settings.interactive_slots,
@@ -276,4 +282,8 @@ def vllm_extra_args(settings: Settings) -> dict | None:
         extra["stream_interval"] = settings.vllm_stream_interval
     if settings.vllm_kv_cache_memory_gb:
         extra["kv_cache_memory_bytes"] = int(settings.vllm_kv_cache_memory_gb * 2**30)
+    if settings.vllm_quantization:
+        extra["quantization"] = settings.vllm_quantization
+    if settings.vllm_kv_cache_dtype != "auto":
+        extra["kv_cache_dtype"] = settings.vllm_kv_cache_dtype
     return extra or None
