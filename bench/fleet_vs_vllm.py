@@ -166,6 +166,30 @@ def per_window(events: list[tuple[float, float]], start: float, end: float, step
     return rates
 
 
+def spread_per_window(
+    spans: list[tuple[float, float, float]], start: float, end: float, step: float = 5.0
+) -> list[float]:
+    """Like ``per_window``, with each (from, to, amount) spread evenly over [from, to): an amount
+    generated over that span and published at its end (a code chunk's new frames, made since the
+    segment's previous chunk) counts where it was made, not in the window of its publication."""
+    edges, t = [], start
+    while t < end:
+        edges.append((t, min(t + step, end)))
+        t += step
+    sums = [0.0] * len(edges)
+    for a, b, amount in spans:
+        if b <= a:  # an instant: all in its window
+            for i, (u, v) in enumerate(edges):
+                if u <= b < v:
+                    sums[i] += amount
+            continue
+        for i, (u, v) in enumerate(edges):
+            overlap = min(b, v) - max(a, u)
+            if overlap > 0:
+                sums[i] += amount * overlap / (b - a)
+    return [total / (v - u) for total, (u, v) in zip(sums, edges, strict=True)]
+
+
 def manifest_tokens(manifests: list[dict]) -> int:
     """Codec tokens behind the segments of finished jobs (7 per 2,048-sample frame)."""
     return sum(s["samples"] // 2048 * 7 for m in manifests for s in m["segments"])
@@ -206,6 +230,9 @@ class StreamWatcher:
         self.first_by: dict[str, dict[str, float]] = {label: {} for label in streams}
         self.first = self.first_by["audio"]
         self.code_frames: list[tuple[float, int]] = []  # (seen at, new frames) of every code chunk
+        # (added at, (job, segment), new frames; None for the segment's task) of every task and code
+        # chunk, for code_spans: the readers see streams in any order, so spans are made afterwards
+        self.segment_events: list[tuple[float, tuple, int | None]] = []
         self.audio_s: list[tuple[float, float]] = []  # (seen at, seconds of new audio) of every audio chunk
         self._stop = threading.Event()
         # a cluster refuses one XREAD over keys of several slots: a reader per stream there
@@ -241,10 +268,29 @@ class StreamWatcher:
                     job = header.get("job_id")
                     if job and job not in firsts:
                         firsts[job] = now
-                    if label == "code" and "shape" in header:
-                        self.code_frames.append((now, header["shape"][0] - header["left"] - header["right"]))
+                    segment = (job, header.get("segment"))
+                    if label == "task":
+                        self.segment_events.append((now, segment, None))
+                    elif label == "code" and "shape" in header:
+                        frames = header["shape"][0] - header["left"] - header["right"]
+                        self.code_frames.append((now, frames))
+                        self.segment_events.append((now, segment, frames))
                     elif label == "audio" and header.get("sample_rate"):
                         self.audio_s.append((now, len(fields.get(b"p", b"")) / 2 / header["sample_rate"]))
+
+    @property
+    def code_spans(self) -> list[tuple[float, float, int]]:
+        """(since, added at, new frames) of every code chunk; since: the segment's chunk before, or
+        for its first the task's admission (fair scheduling admits a task when an engine asks for it,
+        so it starts at once; with ``scheduling=fifo`` the first chunk counts from the submission).
+        A runaway retry's task starts its segment again."""
+        since: dict[tuple, float] = {}
+        spans = []
+        for t, segment, frames in sorted(list(self.segment_events), key=lambda e: (e[0], e[2] is not None)):
+            if frames is not None:
+                spans.append((since.get(segment, t), t, frames))
+            since[segment] = t
+        return spans
 
     def frames_per_s(self, start: float, end: float) -> float:
         """The AR stage's output: new frames per second published in [start, end)."""
@@ -254,15 +300,35 @@ class StreamWatcher:
         """Per ``step`` seconds from ``start``: the AR stage's tokens/s (code frames published) and the
         decoders' audio-s/s (audio chunks published): ramp-up, steady state and tail of a run."""
         frames = per_window(self.code_frames, start, end, step)
+        made = spread_per_window(self.code_spans, start, end, step)
         audio = per_window(self.audio_s, start, end, step)
         return [
             {
                 "t": round(i * step, 1),
                 "ar_tokens_per_s": round(f * codes_per_frame),
+                # chunks are published in bursts (a cohort of segments reaches 25 frames together):
+                # the tokens spread over the time they were made are the rate a window can show
+                "ar_made_tokens_per_s": round(m * codes_per_frame),
                 "decoded_audio_s_per_s": round(a, 1),
             }
-            for i, (f, a) in enumerate(zip(frames, audio, strict=True))
+            for i, (f, m, a) in enumerate(zip(frames, made, audio, strict=True))
         ]
+
+    def ar_phases(self, start: float, end: float, edge_s: float = 10.0, codes_per_frame: int = 7) -> dict:
+        """The AR stage's tokens/s as made (spread over each chunk's making): over the run, in its
+        steady part (``edge_s`` after the start to ``edge_s`` before the end) and in the last
+        ``edge_s`` (the tail of long segments finishing alone)."""
+
+        spans = self.code_spans
+
+        def rate(u: float, v: float) -> float | None:
+            return round(spread_per_window(spans, u, v, v - u)[0] * codes_per_frame) if v > u else None
+
+        return {
+            "whole": rate(start, end),
+            "steady": rate(start + edge_s, end - edge_s),
+            "tail": rate(max(start, end - edge_s), end),
+        }
 
     def stages(self, job_id: str, t0: float) -> dict[str, float]:
         """Seconds from ``t0`` (the POST) to the job's first task, code chunk and audio chunk."""
@@ -615,10 +681,17 @@ def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int, redis_p
             )
         timeline = watcher.timeline(t0, t0 + wall)
         print(
-            "RESULT fleet timeline (s from submission: AR tok/s, decoded audio-s/s): "
+            "RESULT fleet timeline (s from submission: AR tok/s published, AR tok/s made, decoded audio-s/s): "
             + ", ".join(
-                f"{r['t']:.0f}: {r['ar_tokens_per_s']} {r['decoded_audio_s_per_s']}" for r in timeline
+                f"{r['t']:.0f}: {r['ar_tokens_per_s']} {r['ar_made_tokens_per_s']} {r['decoded_audio_s_per_s']}"
+                for r in timeline
             ),
+            flush=True,
+        )
+        ar_phases = watcher.ar_phases(t0, t0 + wall)
+        print(
+            f"RESULT fleet AR tok/s as made: whole run {ar_phases['whole']}, steady (10 s in to 10 s "
+            f"before the end) {ar_phases['steady']}, last 10 s {ar_phases['tail']}",
             flush=True,
         )
         first_audio_under_load = min(watcher.first.get(i, float("inf")) for i in ids) - t0
@@ -658,6 +731,7 @@ def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int, redis_p
             "redis_memory_peak_mb": sampler.memory_peak / 2**20,
             "resources_steady": steady,
             "timeline": timeline,
+            "ar_tokens_per_s_made": ar_phases,
             "decoder_pause": diagnosis,
             "pinning": pinning,
             "decoder_gpu_memory_mib": decoder_memory,
@@ -1002,6 +1076,7 @@ def fleet_summary(run: dict, change: dict) -> dict:
         "ttfa_idle_s": run["ttfa_s"],
         "ttfa_idle_median_s": statistics.median(run["ttfa_s"]),
         "timeline": run["timeline"],
+        "ar_tokens_per_s_made": run["ar_tokens_per_s_made"],
         "resources_steady": run["resources_steady"],
         # the Redis servers' CPU (100 = one core): on a cluster its nodes share the fleet's cores
         "redis_cpu_percent": sum(v for k, v in cpu.items() if k.startswith("valkey")),
@@ -1434,6 +1509,7 @@ def main() -> int:
         "queue_peaks": fleet["queue_peaks"],
         "redis_memory_peak_mb": fleet["redis_memory_peak_mb"],
         "fleet_timeline": fleet["timeline"],
+        "fleet_ar_tokens_per_s_made": fleet["ar_tokens_per_s_made"],
         "fleet_resources_steady": fleet["resources_steady"],
         "decoder_pause": fleet["decoder_pause"],
         "pinning": fleet["pinning"],

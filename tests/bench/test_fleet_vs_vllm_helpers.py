@@ -11,14 +11,29 @@ import pytest
 import redis
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
-from fleet_vs_vllm import StreamWatcher, decoder_gpu_memory_mib, fleet_variant, per_window  # noqa: E402
+import numpy as np  # noqa: E402
+from fleet_vs_vllm import (  # noqa: E402
+    StreamWatcher,
+    decoder_gpu_memory_mib,
+    fleet_variant,
+    per_window,
+    spread_per_window,
+)
 
-from fleet.messages import AudioChunk  # noqa: E402
+from fleet.messages import AudioChunk, CodeChunk, SegmentTask  # noqa: E402
 
 
 def test_per_window_is_a_rate_per_window():
     events = [(0.5, 10), (4.9, 5), (5.0, 20), (11.0, 3)]
     assert per_window(events, 0.0, 12.0) == [3.0, 4.0, 1.5]  # 15/5, 20/5, 3/2 (the last window is 2 s)
+
+
+def test_spread_per_window_counts_an_amount_where_it_was_made():
+    # 30 made evenly over [2, 8): 15 in [0, 5) and 15 in [5, 10); an instant at 11 counts in its window
+    assert spread_per_window([(2.0, 8.0, 30.0), (11.0, 11.0, 4.0)], 0.0, 12.0) == pytest.approx([3.0, 3.0, 2.0])
+    # a burst published at once after 10 s of making: per_window sees it in one window only
+    assert per_window([(9.9, 100.0)], 0.0, 10.0) == [0.0, 20.0]
+    assert spread_per_window([(0.0, 9.9, 100.0)], 0.0, 10.0) == pytest.approx([100 / 9.9, 100 / 9.9 * 4.9 / 5])
 
 
 def test_fleet_variant_parses_and_refuses():
@@ -58,3 +73,33 @@ def test_decoder_gpu_memory_is_each_decoders_last_stats_line(tmp_path):
     (tmp_path / "decoder-g1-0.log").write_text("decoder: 9 chunks in 3 batches (3.0 per batch)\n")  # on the CPU
     (tmp_path / "ar-orpheus-0.log").write_text("GPU memory 7000 MiB at most\n")  # not a decoder
     assert decoder_gpu_memory_mib(tmp_path) == {"decoder-g0-0": 1210}
+
+
+def test_stream_watcher_spreads_a_segments_chunks_from_its_task(redis_url, key_prefix):
+    """A segment's first chunk counts from its task's admission, each next one from the chunk before;
+    a retry's task starts the segment again."""
+    client = redis.Redis.from_url(redis_url)
+    streams = {"task": f"{key_prefix}:task", "code": f"{key_prefix}:code", "audio": f"{key_prefix}:audio"}
+    watcher = StreamWatcher(redis_url, streams)
+    try:
+        time.sleep(0.3)
+        base = int(time.time() * 1000) - 20_000
+        task = SegmentTask(job_id="job-2", segment=3, text="Hi.", model="tiny", voice="v", seed=1)
+        frames = np.zeros((25, 7), np.int32)
+
+        def chunk(seq: int, final: bool = False) -> dict:
+            return CodeChunk("job-2", 3, 1, seq, "tiny", 0, 0, final, frames).encode()
+
+        # added out of time order (the watcher's readers see streams in any order): the chunks first
+        client.xadd(streams["code"], chunk(0), id=f"{base + 5000}-1")
+        client.xadd(streams["code"], chunk(1, True), id=f"{base + 6000}-1")
+        client.xadd(streams["code"], chunk(0), id=f"{base + 10_000}-1")
+        client.xadd(streams["task"], task.encode(), id=f"{base}-1")
+        client.xadd(streams["task"], task.encode(), id=f"{base + 9000}-1")  # its retry
+        deadline = time.perf_counter() + 5
+        while len(watcher.segment_events) < 5 and time.perf_counter() < deadline:
+            time.sleep(0.02)
+        spans = [(round(b - a, 2), n) for a, b, n in watcher.code_spans]
+        assert spans == [(5.0, 25), (1.0, 25), (1.0, 25)]
+    finally:
+        watcher.stop()
