@@ -301,6 +301,12 @@ class Settings(BaseSettings):
     #: How long a creation waits for them before it is refused (503, nothing kept), ms.
     durable_timeout_ms: int = Field(default=1000, ge=1)
 
+    @property
+    def engine_slots(self) -> int:
+        """Sequences an AR engine holds: ``max_num_seqs`` batch slots and the ``interactive_slots``
+        reserved beside them (a batch task already in the stream may take a reserved one)."""
+        return self.max_num_seqs + self.interactive_slots
+
     def decode_linger_s(self) -> float:
         if self.decode_linger_ms is not None:
             return self.decode_linger_ms / 1000

@@ -248,7 +248,7 @@ def load_engine(spec: ModelSpec, settings: Settings):
 
         return ReferenceEngine(
             spec.checkpoint(settings),
-            max_num_seqs=settings.max_num_seqs + settings.interactive_slots,
+            max_num_seqs=settings.engine_slots,
             max_model_len=settings.max_model_len,
             device=settings.device,
         )
@@ -263,7 +263,7 @@ def load_engine(spec: ModelSpec, settings: Settings):
             )
         return VllmEngine(
             spec.checkpoint(settings),
-            max_num_seqs=settings.max_num_seqs + settings.interactive_slots,
+            max_num_seqs=settings.engine_slots,
             max_model_len=settings.max_model_len,
             dtype=settings.vllm_dtype,
             gpu_memory_utilization=settings.vllm_gpu_memory_utilization,

@@ -727,7 +727,7 @@ class MemoryBound:
     plan_bytes: int
     chunk_entries: int
     chunk_bytes: int  # the largest code-chunk entry, raw
-    slots_per_worker: int  # an AR worker's engine slots (models/registry.py load_engine)
+    slots_per_worker: int  # an AR worker's engine slots (Settings.engine_slots)
     most_chunks_per_segment: int  # windows of the segment the AR worker cuts into the most
     fewest_chunks_per_segment: int  # and into the fewest
     all_chunks: int  # windows of every segment together
@@ -785,7 +785,7 @@ class MemoryBound:
             for w in cut_windows
         )
         most = max(len(w) for w in cut.values())
-        slots = settings.max_num_seqs + settings.interactive_slots
+        slots = settings.engine_slots
         return cls(
             baseline=baseline,
             segments=len(tasks),
