@@ -103,6 +103,36 @@ def timed(llm, prompts, params) -> tuple[float, int]:
     return wall, sum(len(o.outputs[0].token_ids) for o in outs)
 
 
+def kernel_profile(llm, prompts, params, args, path: Path) -> dict:
+    """One constrained call under torch.profiler: device time per kernel name, summed over the call
+    and per generated step (kernels inside CUDA graph replays are reported one by one)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        wall, tokens = timed(llm, prompts, params)
+    steps = args.tokens  # every request runs every step (min_tokens = max_tokens)
+    events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    events.sort(key=lambda e: e.self_device_time_total, reverse=True)
+    total_us = sum(e.self_device_time_total for e in events)
+    by = "self_device_time_total" if events else "self_cpu_time_total"  # off CUDA: the host's kernels
+    table = prof.key_averages().table(sort_by=by, row_limit=40, max_name_column_width=90)
+    path.write_text(table)
+    print(table, flush=True)
+    top = [
+        {"name": e.key[:120], "us_per_step": e.self_device_time_total / steps, "calls": e.count}
+        for e in events[:40]
+    ]
+    print(
+        f"RESULT kernel profile: {total_us / steps / 1000:.2f} ms of device time per step of "
+        f"{args.requests} rows, wall {wall / steps * 1000:.2f} ms per step ({tokens / wall:.0f} tok/s "
+        "under the profiler)",
+        flush=True,
+    )
+    return {"device_ms_per_step": total_us / steps / 1000, "wall_ms_per_step": wall / steps * 1000, "top": top}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -116,8 +146,16 @@ def main() -> int:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.6)
     parser.add_argument("--data-dir", default="/tmp/narrate-bench")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument(
+        "--kernel-profile",
+        action="store_true",
+        help="also run one constrained call under torch.profiler (engine core in this process) and "
+        "print the device time per kernel: where a step's GPU time goes",
+    )
     args = parser.parse_args()
 
+    if args.kernel_profile:  # the profiler sees the kernels of this process only
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # as the fleet bench runs vLLM
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     from vllm import LLM
@@ -171,6 +209,8 @@ def main() -> int:
     print(f"RESULT constraint cost: {cost:+.1f} % of throughput ({args.model}, {args.device})", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.kernel_profile:
+        result["kernel_profile"] = kernel_profile(llm, prompts, constrained, args, out / "kernel_profile.txt")
     (out / "constraint_cost.json").write_text(json.dumps(result, indent=2))
     return 0
 

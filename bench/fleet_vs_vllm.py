@@ -1048,7 +1048,8 @@ def precision_label(settings) -> str:
     arguments): FP8 is opt-in (NARRATE_VLLM_QUANTIZATION, NARRATE_VLLM_KV_CACHE_DTYPE) and its figures
     are labelled apart from the bf16 ones."""
     weights = settings.vllm_quantization or settings.vllm_dtype
-    return f"weights {weights}, KV cache {settings.vllm_kv_cache_dtype}"
+    head = ", LM head over the codes only" if settings.vllm_codes_only_logits else ""
+    return f"weights {weights}, KV cache {settings.vllm_kv_cache_dtype}{head}"
 
 
 def host_cpu() -> dict:

@@ -103,6 +103,10 @@ class Settings(BaseSettings):
     vllm_quantization: Literal["fp8"] | None = None
     #: KV cache dtype: "auto" (the weights') or "fp8" (half the cache memory per token). Opt-in too.
     vllm_kv_cache_dtype: Literal["auto", "fp8"] = "auto"
+    #: Logits for the codec's codes and stop ids only (models/engines/vllm_codes_only.py): the LM
+    #: head multiplies by ~28.7k of Orpheus' 156,940 embedding rows each step. The engine then takes
+    #: frame-constrained requests only (every AR request is one). Opt-in until measured on the GPU.
+    vllm_codes_only_logits: bool = False
     #: Tokens vLLM accumulates per request before streaming them out: one Orpheus frame (7) cuts the
     #: per-token Python work of the AR worker sevenfold and delays a chunk by at most 6 tokens.
     vllm_stream_interval: int = 7

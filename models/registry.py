@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -263,6 +264,7 @@ def load_engine(spec: ModelSpec, settings: Settings):
             )
         return VllmEngine(
             spec.checkpoint(settings),
+            codes_only_range=codes_only_range(spec, settings),
             max_num_seqs=settings.engine_slots,
             max_model_len=settings.max_model_len,
             dtype=settings.vllm_dtype,
@@ -273,6 +275,20 @@ def load_engine(spec: ModelSpec, settings: Settings):
             extra_args=vllm_extra_args(settings),
         )
     raise ValueError(f"unknown engine {settings.engine!r} (use 'reference' or 'vllm')")
+
+
+def codes_only_range(spec: ModelSpec, settings: Settings) -> tuple[int, int] | None:
+    """[first, end) of the ids that get logits with ``vllm_codes_only_logits`` (else None); refused for
+    a checkpoint that the codes-only head cannot stand in for."""
+    if not settings.vllm_codes_only_logits:
+        return None
+    config = json.loads((spec.checkpoint(settings) / "config.json").read_text())
+    if config.get("architectures") != ["LlamaForCausalLM"]:
+        raise ValueError(
+            f"NARRATE_VLLM_CODES_ONLY_LOGITS needs a LlamaForCausalLM checkpoint; {spec.name!r} is "
+            f"{config.get('architectures')}"
+        )
+    return spec.family.layout.generated_range()
 
 
 def vllm_extra_args(settings: Settings) -> dict | None:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from vllm import ModelRegistry
 from vllm import SamplingParams as VllmSamplingParams
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
@@ -43,6 +44,16 @@ log = logging.getLogger(__name__)
 # FrameConstraintLogitsProcessor is V1-style (vLLM 0.26's only kind). Set on import, so that every
 # engine built with this module's arguments (the AR worker's, the benchmark's offline one) gets it.
 os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+
+#: The architecture (``models.engines.vllm_codes_only``) that an engine's ``hf_overrides`` name for
+#: logits over one id range only, and the hf config attribute that holds [first, end) of that range.
+CODES_ONLY_ARCHITECTURE = "NarrateCodesOnlyLlamaForCausalLM"
+CODES_ONLY_RANGE_KEY = "narrate_logits_range"
+# By name: vLLM imports the class only in a process that builds such a model. Every engine process
+# imports this module (the logits processor's) before it loads the model, so the name is known there.
+ModelRegistry.register_model(
+    CODES_ONLY_ARCHITECTURE, "models.engines.vllm_codes_only:CodesOnlyLlamaForCausalLM"
+)
 
 #: SamplingParams.extra_args key that switches the frame constraint on for a request.
 CONSTRAINT_KEY = "narrate_frame_constraint"
@@ -507,8 +518,11 @@ class VllmEngine:
         enforce_eager: bool = False,
         enable_prefix_caching: bool = True,
         log_stats_s: float = 10.0,
+        codes_only_range: tuple[int, int] | None = None,
         extra_args: dict | None = None,
     ) -> None:
+        """``codes_only_range``: [first, end) of the token ids that get logits at all (the codec's
+        codes and stop ids; ``vllm_codes_only``); the engine then serves constrained requests only."""
         self.model_dir = str(model_dir)
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
@@ -528,6 +542,12 @@ class VllmEngine:
             disable_log_stats=log_stats_s <= 0,
             **(extra_args or {}),
         )
+        self.codes_only_range = codes_only_range
+        if codes_only_range is not None:
+            self._engine_kwargs["hf_overrides"] = {
+                "architectures": [CODES_ONLY_ARCHITECTURE],
+                CODES_ONLY_RANGE_KEY: [int(codes_only_range[0]), int(codes_only_range[1])],
+            }
         self._engine = None
         self._log_stats_s = log_stats_s
         self._stats_task = None
@@ -610,6 +630,8 @@ class VllmEngine:
             raise EngineDeadError("the vLLM engine is not started (or was shut down)")
         from vllm.inputs import TokensPrompt
 
+        if self.codes_only_range is not None and params.constraint is None:
+            raise EngineRequestError("this engine computes logits for the codec's tokens only: a request needs the frame constraint")
         room = self.max_model_len - len(prompt)
         if room < 1:
             raise EngineRequestError(

@@ -4,6 +4,7 @@ frame constraint, aborts and failures. In CI these tests fail, not skip, when vL
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 
 import pytest
@@ -220,3 +221,46 @@ def test_an_fp8_kv_cache_is_opt_in_and_every_code_stays_valid(tiny_dir, prompts)
             tokens = tokens[:-1]
         assert END_OF_SPEECH not in tokens
         ORPHEUS_LAYOUT.tokens_to_frames(tokens[: len(tokens) - len(tokens) % 7])
+
+
+def test_codes_only_logits_give_the_same_codes_and_refuse_unconstrained_requests(vllm, prompts, tiny_dir):
+    """NARRATE_VLLM_CODES_ONLY_LOGITS: the engine's model is the codes-only Llama (its LM head over
+    the codes' and stop ids' rows only), and seeded sampling draws exactly the tokens of the full
+    head (the candidates' logits are the same products; fp32 on the CPU). A request without the
+    frame constraint could only ever get codes there: it is refused."""
+    from fleet.settings import Settings
+    from models.engines.vllm_engine import CODES_ONLY_ARCHITECTURE, VllmEngine
+    from models.registry import get_model, load_engine
+
+    settings = Settings(engine="vllm", vllm_codes_only_logits=True, data_dir=tiny_dir.parent, models="tiny")
+    spec = get_model("tiny", settings)
+    assert load_engine(spec, settings).codes_only_range == ORPHEUS_LAYOUT.generated_range()
+    assert load_engine(spec, Settings(engine="vllm", data_dir=tiny_dir.parent, models="tiny")).codes_only_range is None
+
+    full, loop = vllm
+    sampling = [params(300 + i, 0.6, top_p=0.8) for i in range(len(prompts))]
+    expected = loop.run_until_complete(
+        gather(*(collect(full, f"full{i}", p, s) for i, (p, s) in enumerate(zip(prompts, sampling, strict=True))))
+    )
+    engine = VllmEngine(tiny_dir, max_num_seqs=8, max_model_len=1024, dtype="float32",
+                        codes_only_range=ORPHEUS_LAYOUT.generated_range())  # fmt: skip
+
+    async def run():
+        await engine.start()
+        try:
+            architectures = engine._engine.vllm_config.model_config.architectures
+            outs = await gather(
+                *(collect(engine, f"c{i}", p, s) for i, (p, s) in enumerate(zip(prompts, sampling, strict=True)))
+            )
+            with pytest.raises(EngineRequestError, match="frame constraint"):
+                await collect(engine, "free", prompts[0], dataclasses.replace(sampling[0], constraint=None))
+            return architectures, outs
+        finally:
+            await engine.shutdown()
+
+    architectures, outs = asyncio.run(run())
+    assert architectures == [CODES_ONLY_ARCHITECTURE]
+    assert sum(map(len, outs)) >= 8 * 70
+    for i, (a, b) in enumerate(zip(outs, expected, strict=True)):
+        first_difference = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+        assert a == b, f"segment {i}: the codes-only head and the full head differ from token {first_difference}"
