@@ -70,3 +70,18 @@ def test_tiny_checkpoint_loads_through_the_real_loaders(tiny_dir):
     assert ids[0] == orpheus.BEGIN_OF_TEXT and len(ids) == 1 + len("tara: Héllo.".encode())
     assert (tiny_dir / "config.json").exists() and (tiny_dir / "model.safetensors").exists()
     assert (tiny_dir / "snac" / "config.json").exists() and (tiny_dir / "snac" / "pytorch_model.bin").exists()
+
+
+@pytest.mark.parametrize("model", ["orpheus", "llasa"])
+def test_the_generated_range_holds_every_token_a_constrained_request_can_get(model):
+    """The codes-only LM head (NARRATE_VLLM_CODES_ONLY_LOGITS) computes logits for this range only."""
+    from models.llasa import llasa_family
+
+    layout = (MODELS["orpheus"].family if model == "orpheus" else llasa_family()).layout
+    first, end = layout.generated_range()
+    allowed = [layout.allowed_range(p) for p in range(layout.codes_per_frame)]
+    assert all(first <= lo and hi <= end for lo, hi in allowed)
+    assert all(first <= t < end for t in layout.stop_token_ids)
+    assert first == min(*layout.stop_token_ids, allowed[0][0]) and end == allowed[-1][1]
+    if model == "orpheus":
+        assert (first, end) == (orpheus.END_OF_SPEECH, orpheus.VOCAB_SIZE - 2)  # 28,680 of 156,940 ids
