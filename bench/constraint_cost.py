@@ -113,11 +113,12 @@ def kernel_profile(llm, prompts, params, args, path: Path) -> dict:
     with profile(activities=activities) as prof:
         wall, tokens = timed(llm, prompts, params)
     steps = args.tokens  # every request runs every step (min_tokens = max_tokens)
-    events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    averages = prof.key_averages()
+    events = [e for e in averages if e.self_device_time_total > 0]
     events.sort(key=lambda e: e.self_device_time_total, reverse=True)
     total_us = sum(e.self_device_time_total for e in events)
     by = "self_device_time_total" if events else "self_cpu_time_total"  # off CUDA: the host's kernels
-    table = prof.key_averages().table(sort_by=by, row_limit=40, max_name_column_width=90)
+    table = averages.table(sort_by=by, row_limit=40, max_name_column_width=90)
     path.write_text(table)
     print(table, flush=True)
     top = [

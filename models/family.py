@@ -52,9 +52,9 @@ class TokenLayout:
     def generated_range(self) -> tuple[int, int]:
         """Token ids [first, end) that hold every token a constrained request can generate: the codes
         of every frame position and the stop ids."""
-        ends = [self.allowed_range(p) for p in range(self.codes_per_frame)]
-        first = min(min(lo for lo, _ in ends), *self.stop_token_ids)
-        end = max(max(hi for _, hi in ends), *(t + 1 for t in self.stop_token_ids))
+        ranges = [self.allowed_range(p) for p in range(self.codes_per_frame)]
+        first = min(*(lo for lo, _ in ranges), *self.stop_token_ids)
+        end = max(*(hi for _, hi in ranges), *(t + 1 for t in self.stop_token_ids))
         return first, end
 
     def tokens_to_frames(self, tokens: Sequence[int]) -> np.ndarray:

@@ -282,10 +282,12 @@ def codes_only_range(spec: ModelSpec, settings: Settings) -> tuple[int, int] | N
     a checkpoint that the codes-only head cannot stand in for."""
     if not settings.vllm_codes_only_logits:
         return None
+    from models.engines.vllm_engine import CODES_ONLY_BASE
+
     config = json.loads((spec.checkpoint(settings) / "config.json").read_text())
-    if config.get("architectures") != ["LlamaForCausalLM"]:
+    if config.get("architectures") != [CODES_ONLY_BASE]:
         raise ValueError(
-            f"NARRATE_VLLM_CODES_ONLY_LOGITS needs a LlamaForCausalLM checkpoint; {spec.name!r} is "
+            f"NARRATE_VLLM_CODES_ONLY_LOGITS needs a {CODES_ONLY_BASE} checkpoint; {spec.name!r} is "
             f"{config.get('architectures')}"
         )
     return spec.family.layout.generated_range()

@@ -49,6 +49,8 @@ os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
 #: logits over one id range only, and the hf config attribute that holds [first, end) of that range.
 CODES_ONLY_ARCHITECTURE = "NarrateCodesOnlyLlamaForCausalLM"
 CODES_ONLY_RANGE_KEY = "narrate_logits_range"
+#: The checkpoint architecture that class stands in for (its base class).
+CODES_ONLY_BASE = "LlamaForCausalLM"
 # By name: vLLM imports the class only in a process that builds such a model. Every engine process
 # imports this module (the logits processor's) before it loads the model, so the name is known there.
 ModelRegistry.register_model(
