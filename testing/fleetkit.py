@@ -933,15 +933,20 @@ def ffprobe(path, *sections: str) -> dict:
 
 
 def free_ports(count: int) -> int:
-    """The first of ``count`` consecutive ports free on 127.0.0.1 now (a worker's metrics each)."""
+    """The first of ``count`` consecutive ports free on 127.0.0.1 now (a worker's metrics each).
+
+    Chosen below the kernel's ephemeral range: the workers bind them seconds later, and a port of
+    that range can meanwhile become the local end of any process's outgoing connection (Redis, S3),
+    which once left a worker without its metrics port ("Address already in use")."""
     import socket
 
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + count > 65535:
-            continue
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    top = max(low, 20000) - count  # 10000 … the ephemeral range's start
+    for _ in range(200):
+        base = random.randrange(10000, top)
         held = []
         try:
             for port in range(base, base + count):
