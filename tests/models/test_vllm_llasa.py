@@ -11,7 +11,7 @@ import torch
 
 from models import llasa
 from models.engines.base import FrameConstraint, SamplingParams
-from tests.conftest import require
+from tests.conftest import VLLM_EAGER, require
 
 pytestmark = pytest.mark.vllm
 
@@ -62,7 +62,7 @@ def test_vllm_on_the_single_codebook_family(tiny_llasa_dir):
             await engine.shutdown()
 
     greedy, sampled = asyncio.run(
-        run(VllmEngine(tiny_llasa_dir, max_num_seqs=4, max_model_len=512, dtype="float32"))
+        run(VllmEngine(tiny_llasa_dir, max_num_seqs=4, max_model_len=512, dtype="float32", enforce_eager=VLLM_EAGER))
     )
     reference, _ = asyncio.run(
         run(ReferenceEngine(tiny_llasa_dir, max_num_seqs=4, max_model_len=512, dtype=torch.float32))
