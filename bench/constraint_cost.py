@@ -166,7 +166,12 @@ def main() -> int:
 
     settings = settings_for(args)
     spec, prompts, constrained, free = workload(args, settings)
-    engine_args = load_engine(spec, settings).engine_args()  # exactly the fleet's engine arguments
+    engine = load_engine(spec, settings)
+    engine_args = engine.engine_args()  # exactly the fleet's engine arguments
+    # the codes-only head (the default for Llama checkpoints) gives even unconstrained requests codes
+    # or stop ids only: NARRATE_VLLM_CODES_ONLY_LOGITS=0 measures the constraint against free sampling
+    head = "codes only" if engine.codes_only_range is not None else "full"
+    print(f"LM head: {head}", flush=True)
     assert PROCESSOR_FQCN in engine_args["logits_processors"]
     llm = LLM(**engine_args)
 
@@ -199,6 +204,7 @@ def main() -> int:
         "max_num_seqs": args.max_num_seqs,
         "vocab_size": json.loads((spec.checkpoint(settings) / "config.json").read_text())["vocab_size"],
         "codes_per_frame": layout.codes_per_frame,
+        "lm_head": head,
         "sampling": dataclasses.asdict(spec.family.sampling),
         "tok_s": runs,
         "constrained_tok_s_median": with_c,
@@ -207,7 +213,10 @@ def main() -> int:
     }
     print(f"RESULT constrained: {with_c:.0f} tok/s (median of {args.repeats})", flush=True)
     print(f"RESULT unconstrained: {without:.0f} tok/s (median of {args.repeats})", flush=True)
-    print(f"RESULT constraint cost: {cost:+.1f} % of throughput ({args.model}, {args.device})", flush=True)
+    print(
+        f"RESULT constraint cost: {cost:+.1f} % of throughput ({args.model}, {args.device}, {head} LM head)",
+        flush=True,
+    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.kernel_profile:

@@ -1047,8 +1047,11 @@ def precision_label(settings) -> str:
     """Weights and KV cache as the fleet and raw vLLM both run them (raw takes the fleet's engine
     arguments): FP8 is opt-in (NARRATE_VLLM_QUANTIZATION, NARRATE_VLLM_KV_CACHE_DTYPE) and its figures
     are labelled apart from the bf16 ones."""
+    from models.registry import MODELS, codes_only_range
+
     weights = settings.vllm_quantization or settings.vllm_dtype
-    head = ", LM head over the codes only" if settings.vllm_codes_only_logits else ""
+    codes_only = codes_only_range(MODELS[settings.default_model], settings) is not None
+    head = ", LM head over the codes only" if codes_only else ", full LM head"
     return f"weights {weights}, KV cache {settings.vllm_kv_cache_dtype}{head}"
 
 

@@ -105,8 +105,10 @@ class Settings(BaseSettings):
     vllm_kv_cache_dtype: Literal["auto", "fp8"] = "auto"
     #: Logits for the codec's codes and stop ids only (models/engines/vllm_codes_only.py): the LM
     #: head multiplies by ~28.7k of Orpheus' 156,940 embedding rows each step. The engine then takes
-    #: frame-constrained requests only (every AR request is one). Opt-in until measured on the GPU.
-    vllm_codes_only_logits: bool = False
+    #: frame-constrained requests only (every AR request is one). Unset: on for Llama checkpoints
+    #: (the class it stands in for), off for others; true: required; false: the full head. The same
+    #: codes token for token (tests), 1.18x the tokens/s offline on an H100 (docs/benchmarks.md).
+    vllm_codes_only_logits: bool | None = None
     #: Tokens vLLM accumulates per request before streaming them out: one Orpheus frame (7) cuts the
     #: per-token Python work of the AR worker sevenfold and delays a chunk by at most 6 tokens.
     vllm_stream_interval: int = 7

@@ -278,19 +278,22 @@ def load_engine(spec: ModelSpec, settings: Settings):
 
 
 def codes_only_range(spec: ModelSpec, settings: Settings) -> tuple[int, int] | None:
-    """[first, end) of the ids that get logits with ``vllm_codes_only_logits`` (else None); refused for
-    a checkpoint that the codes-only head cannot stand in for."""
-    if not settings.vllm_codes_only_logits:
+    """[first, end) of the ids that get logits at all (the codes-only LM head), or None for the full
+    head. ``vllm_codes_only_logits`` unset: on for the checkpoints the codes-only head stands in for
+    (Llama), off for others; True: required (refused for others); False: the full head."""
+    if settings.vllm_codes_only_logits is False:
         return None
     from models.engines.vllm_engine import CODES_ONLY_BASE
 
     config = json.loads((spec.checkpoint(settings) / "config.json").read_text())
-    if config.get("architectures") != [CODES_ONLY_BASE]:
+    if config.get("architectures") == [CODES_ONLY_BASE]:
+        return spec.family.layout.generated_range()
+    if settings.vllm_codes_only_logits:
         raise ValueError(
             f"NARRATE_VLLM_CODES_ONLY_LOGITS needs a {CODES_ONLY_BASE} checkpoint; {spec.name!r} is "
             f"{config.get('architectures')}"
         )
-    return spec.family.layout.generated_range()
+    return None
 
 
 def vllm_extra_args(settings: Settings) -> dict | None:

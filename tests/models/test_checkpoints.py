@@ -83,3 +83,32 @@ def test_a_model_that_cannot_be_served_is_a_clear_error(tmp_path):
         served_models(Settings(data_dir=tmp_path, models="orpheus", orpheus_dir=tmp_path / "half"))
     with pytest.raises(UnknownModelError, match="unknown model"):
         served_models(Settings(data_dir=tmp_path, models="nope"))
+
+
+@pytest.mark.parametrize(
+    ("architecture", "setting", "expected"),
+    [
+        ("LlamaForCausalLM", None, "codes"),  # unset: on for the architecture it stands in for
+        ("LlamaForCausalLM", True, "codes"),
+        ("LlamaForCausalLM", False, None),
+        ("Qwen2ForCausalLM", None, None),  # unset: the full head for any other architecture
+        ("Qwen2ForCausalLM", False, None),
+        ("Qwen2ForCausalLM", True, "refused"),
+    ],
+)
+def test_the_codes_only_head_is_the_default_for_llama_checkpoints(tmp_path, architecture, setting, expected):
+    from models.orpheus import ORPHEUS_LAYOUT
+    from models.registry import MODELS, codes_only_range
+
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps({"architectures": [architecture]}))
+    settings = Settings(
+        data_dir=tmp_path, models="orpheus", orpheus_dir=tmp_path / "ckpt", vllm_codes_only_logits=setting
+    )
+    spec = MODELS["orpheus"]  # only config.json is read: no weights needed
+    if expected == "refused":
+        with pytest.raises(ValueError, match="needs a LlamaForCausalLM checkpoint"):
+            codes_only_range(spec, settings)
+    else:
+        want = ORPHEUS_LAYOUT.generated_range() if expected == "codes" else None
+        assert codes_only_range(spec, settings) == want

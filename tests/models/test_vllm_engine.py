@@ -232,10 +232,11 @@ def test_codes_only_logits_give_the_same_codes_and_refuse_unconstrained_requests
     from models.engines.vllm_engine import CODES_ONLY_ARCHITECTURE, VllmEngine
     from models.registry import get_model, load_engine
 
-    settings = Settings(engine="vllm", vllm_codes_only_logits=True, data_dir=tiny_dir.parent, models="tiny")
+    settings = Settings(engine="vllm", data_dir=tiny_dir.parent, models="tiny")  # unset: on for a Llama
     spec = get_model("tiny", settings)
     assert load_engine(spec, settings).codes_only_range == ORPHEUS_LAYOUT.generated_range()
-    assert load_engine(spec, Settings(engine="vllm", data_dir=tiny_dir.parent, models="tiny")).codes_only_range is None
+    full_head = settings.model_copy(update={"vllm_codes_only_logits": False})
+    assert load_engine(spec, full_head).codes_only_range is None
 
     full, loop = vllm
     sampling = [params(300 + i, 0.6, top_p=0.8) for i in range(len(prompts))]
