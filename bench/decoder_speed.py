@@ -13,6 +13,15 @@ Variants:
 - ``fleet``: models.snac_codec.SnacCodec as the decoder worker runs it (weight norm folded in once);
 - ``fleet_compiled``: the same under torch.compile (--compile);
 - ``fleet_bf16``: the same under bfloat16 autocast (--bf16; not bit-identical to fp32).
+
+``--memory`` measures memory instead of speed (the fleet's decoder, eager): the peak of live tensors
+per frame decoded, for each batch size; on a GPU also what PyTorch's allocator holds over a stream
+of batches shaped like the fleet's (1 to ``decode_batch`` windows, most of 4 + 25 + 3 frames, final
+windows shorter), held to ``--memory-limit-gb`` as a decoder worker with ``decoder_gpu_memory_gb``
+holds itself (set at the start: the allocator reads its reclaim threshold once):
+
+    python bench/decoder_speed.py --device cuda --memory                       # as the fleet runs now
+    python bench/decoder_speed.py --device cuda --memory --memory-limit-gb 8   # with the limit
 """
 
 from __future__ import annotations
@@ -40,7 +49,14 @@ def main() -> int:
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--memory", action="store_true", help="peak memory instead of speed (above)")
+    parser.add_argument("--memory-limit-gb", type=float, default=None)
+    parser.add_argument("--mix-batches", type=int, default=400, help="with --memory on a GPU")
+    parser.add_argument("--decode-batch", type=int, default=64, help="with --memory: windows per batch at most")
+    parser.add_argument("--max-frames", type=int, default=None, help="with --memory: decode_max_frames")
     args = parser.parse_args()
+    if args.memory:
+        return memory(args)
 
     import numpy as np
     import torch
@@ -124,6 +140,102 @@ def main() -> int:
         out.mkdir(parents=True, exist_ok=True)
         (out / "decoder_speed.json").write_text(
             json.dumps({"device": args.device, "audio_s_per_s": results, "max_diff": max_diff}, indent=2)
+        )
+    return 0
+
+
+def memory(args) -> int:
+    import weakref
+
+    import numpy as np
+    import torch
+    from snac import SNAC
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from models.snac_codec import SNAC_24KHZ_CONFIG, SnacCodec
+    from workers.runtime import limit_gpu_memory
+
+    limited = limit_gpu_memory(args.memory_limit_gb, args.device)  # before the first allocation
+    print(f"RESULT decoder memory limit: {limited or 'none'}", flush=True)
+    torch.manual_seed(0)
+    codec = SnacCodec(SNAC(**SNAC_24KHZ_CONFIG).eval(), LEVELS, device=args.device, max_frames=args.max_frames)
+
+    class LiveTensors(TorchDispatchMode):
+        """The bytes of tensors alive at once: every op's new storages, until they are freed."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.live = self.peak = 0
+            self.seen: set[int] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if not isinstance(t, torch.Tensor) or t.untyped_storage().nbytes() == 0:
+                    continue
+                storage = t.untyped_storage()
+                key = storage.data_ptr()
+                if key not in self.seen:
+                    self.seen.add(key)
+                    self.live += storage.nbytes()
+                    self.peak = max(self.peak, self.live)
+                    weakref.finalize(storage, self._freed, key, storage.nbytes())
+            return out
+
+        def _freed(self, key: int, nbytes: int) -> None:
+            self.live -= nbytes
+            self.seen.discard(key)
+
+    rng = np.random.default_rng(0)
+    window = LEFT + NEW + RIGHT
+    per_frame = {}
+    for batch in [int(b) for b in args.batches.split(",")]:
+        frames = rng.integers(0, 4096, size=(batch, window, 7)).astype(np.int32)
+        counter = LiveTensors()
+        with counter:
+            codec.decode_frames(frames)
+        per_frame[batch] = counter.peak / (batch * window)
+        print(
+            f"RESULT decoder memory batch {batch} x {window} frames: peak of live tensors "
+            f"{counter.peak / 2**20:.0f} MiB ({per_frame[batch] / 2**20:.2f} MiB per frame)",
+            flush=True,
+        )
+    mix = None
+    if args.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+        started = time.perf_counter()
+        audio_s = 0.0
+        for _ in range(args.mix_batches):
+            windows = []
+            for _ in range(int(rng.integers(1, args.decode_batch + 1))):
+                new = NEW if rng.random() < 0.7 else int(rng.integers(1, NEW + 1))  # final windows: shorter
+                right = RIGHT if new == NEW else 0
+                windows.append((rng.integers(0, 4096, size=(LEFT + new + right, 7)).astype(np.int32), LEFT, right))
+                audio_s += new * codec.samples_per_frame / codec.sample_rate
+            codec.decode_windows(windows)
+        torch.cuda.synchronize()
+        elapsed = time.perf_counter() - started
+        mix = {
+            "batches": args.mix_batches,
+            "reserved_mib": torch.cuda.max_memory_reserved() / 2**20,
+            "allocated_mib": torch.cuda.max_memory_allocated() / 2**20,
+            "audio_s_per_s": audio_s / elapsed,
+            "cuda_mallocs": torch.cuda.memory_stats().get("segment.all.allocated", 0),
+            "cache_flushes": torch.cuda.memory_stats().get("num_alloc_retries", 0),
+        }
+        print(
+            f"RESULT decoder memory over {args.mix_batches} fleet-like batches: allocator held "
+            f"{mix['reserved_mib']:.0f} MiB at most, {mix['allocated_mib']:.0f} MiB in tensors; "
+            f"{mix['audio_s_per_s']:.0f} audio-s/s; {mix['cuda_mallocs']} cudaMallocs, "
+            f"{mix['cache_flushes']} cache flushes",
+            flush=True,
+        )
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        name = f"decoder_memory{'_limit' if limited else ''}.json"
+        (out / name).write_text(
+            json.dumps({"device": args.device, "limit": limited, "per_frame_bytes": per_frame, "mix": mix}, indent=2)
         )
     return 0
 

@@ -222,6 +222,17 @@ class Settings(BaseSettings):
     #: eager speed; in the fleet 600-960x real time while busy against 540-625x eager. Off by default
     #: (~35 s more start-up); docker-compose.yml switches it on beside two AR engines per GPU.
     decoder_compile: bool = False
+    #: Frames of codes one decoder forward pass takes at most: windows of equal length beyond it go
+    #: in several passes. SNAC 24 kHz holds ~2.5 MiB of float32 activations per frame decoded
+    #: (bench/decoder_speed.py --memory), so 2,048 frames (64 windows of 4 + 25 + 3) peak at ~5 GiB
+    #: whatever ``decode_batch`` and ``task_shards`` let a decoder read at once.
+    decode_max_frames: int = Field(default=2048, ge=1)
+    #: GiB of GPU memory a decoder's PyTorch allocator may hold (unset: no limit). The allocator keeps
+    #: freed blocks of every shape it has seen, and windows come in many batch sizes and lengths: the
+    #: H200 and H100 fleets' decoders held 16-19 GiB for batches that need ~5, memory the AR engines'
+    #: KV caches could use on an 80 GB card. With a limit it hands back old unused blocks once 60 % of
+    #: the limit is in use (PyTorch's garbage_collection_threshold) and frees its cache rather than fail.
+    decoder_gpu_memory_gb: float | None = Field(default=None, gt=0)
     #: Back-pressure: AR workers start no new segment while the code-chunk or the audio stream holds
     #: more than this many entries in all its shards (decoders or assemblers behind), so Redis memory
     #: stays bounded whatever ``task_shards``.

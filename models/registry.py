@@ -239,6 +239,7 @@ def load_codec(spec: ModelSpec, settings: Settings):
         spec.family.codec_levels,
         device=settings.device,
         compile=settings.decoder_compile,
+        max_frames=settings.decode_max_frames,
     )
 
 

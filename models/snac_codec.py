@@ -52,6 +52,7 @@ class SnacCodec:
         device: str = "cpu",
         max_batch: int | None = None,
         compile: bool = False,
+        max_frames: int | None = None,
     ) -> None:
         for _name, module in list(model.named_modules()):
             for child_name, child in list(module.named_children()):
@@ -73,6 +74,8 @@ class SnacCodec:
         self.samples_per_frame = int(model.hop_length * model.vq_strides[0])
         self.codes_per_frame = sum(len(level) for level in self.levels)
         self.max_batch = max_batch or (1 if device == "cpu" else 256)
+        # activations grow with the frames of a pass (~2.5 MiB each for SNAC 24 kHz in float32)
+        self.max_frames = max_frames
 
     @classmethod
     def load(
@@ -82,9 +85,10 @@ class SnacCodec:
         device: str = "cpu",
         max_batch: int | None = None,
         compile: bool = False,
+        max_frames: int | None = None,
     ) -> SnacCodec:
         """Load a codec directory as the snac package saves it (config.json + pytorch_model.bin)."""
-        return cls(SNAC.from_pretrained(str(directory)), levels, device, max_batch, compile)
+        return cls(SNAC.from_pretrained(str(directory)), levels, device, max_batch, compile, max_frames)
 
     def _codes(self, frames: torch.Tensor) -> list[torch.Tensor]:
         # frames: [B, n, codes_per_frame] -> one [B, n * len(level)] tensor per level, frame-major
@@ -101,7 +105,8 @@ class SnacCodec:
     def decode_windows(self, windows: Sequence[tuple[np.ndarray, int, int]]) -> list[np.ndarray]:
         """Decode windows (frames, left, right) and keep only the new frames' samples of each.
 
-        Windows of the same length are decoded as one batch; each window is trimmed of its left
+        Windows of the same length are decoded as one batch (in several passes where it would hold
+        more than ``max_batch`` windows or ``max_frames`` frames); each window is trimmed of its left
         context and look-ahead, so consecutive windows of one segment concatenate seamlessly.
         """
         out: list[np.ndarray | None] = [None] * len(windows)
@@ -114,13 +119,20 @@ class SnacCodec:
                 for i in idx:
                     out[i] = np.zeros(0, dtype=np.float32)
                 continue
-            for start in range(0, len(idx), self.max_batch):
-                part = idx[start : start + self.max_batch]
+            per_pass = self.windows_per_pass(length)
+            for start in range(0, len(idx), per_pass):
+                part = idx[start : start + per_pass]
                 audio = self.decode_frames(np.stack([windows[i][0] for i in part]))
                 for row, i in enumerate(part):
                     _, left, right = windows[i]
                     out[i] = audio[row, left * hop : (length - right) * hop]
         return out  # type: ignore[return-value]
+
+    def windows_per_pass(self, length: int) -> int:
+        """How many windows of ``length`` frames one forward pass decodes."""
+        if self.max_frames is None:
+            return self.max_batch
+        return max(1, min(self.max_batch, self.max_frames // length))
 
 
 def to_pcm16(audio: np.ndarray) -> bytes:

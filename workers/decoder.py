@@ -165,9 +165,12 @@ class DecoderWorker(Stage[CodeChunk]):
 
 async def run_decoder_worker(ctx: WorkerContext, models: list[str]) -> None:
     from models.registry import get_model, load_codec
-    from workers.runtime import configure_torch
+    from workers.runtime import configure_torch, limit_gpu_memory
 
     configure_torch(ctx.settings)
+    limited = limit_gpu_memory(ctx.settings.decoder_gpu_memory_gb, ctx.settings.device)
+    if limited:
+        log.info("decoder GPU memory limited to %s", limited)
     codecs = {}
     for model in models:
         codecs[model] = await asyncio.to_thread(load_codec, get_model(model, ctx.settings), ctx.settings)

@@ -144,7 +144,33 @@ def gpu_memory_peak() -> str:
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized():
         return ""
-    return f", GPU memory {torch.cuda.max_memory_reserved() / 2**20:.0f} MiB at most"
+    reserved, allocated = torch.cuda.max_memory_reserved(), torch.cuda.max_memory_allocated()
+    # held against in tensors: what the allocator's cache of freed blocks adds to the real need
+    return f", GPU memory {reserved / 2**20:.0f} MiB at most ({allocated / 2**20:.0f} MiB in tensors)"
+
+
+#: PyTorch's allocator hands back old unused cached blocks once this share of its limit is in use
+#: (before it would have to free its whole cache, with a device wait, to stay under the limit)
+GPU_MEMORY_RECLAIM_AT = 0.6
+
+
+def limit_gpu_memory(gb: float | None, device: str) -> str | None:
+    """Hold this process's PyTorch allocator to ``gb`` GiB of ``device`` (a worker beside the AR
+    engines on one GPU). Call before the process's first CUDA allocation: the reclaim threshold is
+    read when the allocator starts. Returns what was set, for the log; None where nothing was."""
+    if gb is None or not device.startswith("cuda"):
+        return None
+    import torch
+
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if "garbage_collection_threshold" not in conf:
+        threshold = f"garbage_collection_threshold:{GPU_MEMORY_RECLAIM_AT}"
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = f"{conf},{threshold}" if conf else threshold
+    index = torch.device(device).index or 0
+    total = torch.cuda.get_device_properties(index).total_memory
+    fraction = min(1.0, gb * 2**30 / total)
+    torch.cuda.set_per_process_memory_fraction(fraction, index)
+    return f"{gb:g} GiB of {total / 2**30:.0f} ({fraction:.3f}), {os.environ['PYTORCH_CUDA_ALLOC_CONF']}"
 
 
 def configure_torch(settings: Settings) -> None:

@@ -44,3 +44,23 @@ def test_the_compiled_decoder_serves_every_window_shape_with_the_same_audio():
         a, b = eager.decode_frames(frames), compiled.decode_frames(frames)
         assert a.shape == b.shape == (batch, length * 2048)
         np.testing.assert_allclose(b, a, atol=2e-5)
+
+
+def test_a_batch_over_the_frame_limit_is_decoded_in_passes_with_the_same_audio():
+    """decode_max_frames bounds a forward pass's activations (~2.5 MiB a frame): windows of equal
+    length beyond it go in several passes, each window's audio as when decoded alone."""
+    codec = SnacCodec(published(), LEVELS, max_batch=8, max_frames=20)
+    assert [codec.windows_per_pass(n) for n in (7, 10, 11, 25)] == [2, 2, 1, 1]
+    assert SnacCodec(published(), LEVELS, max_batch=8).windows_per_pass(10) == 8  # no frame limit
+    passes = []
+    decode_frames = codec.decode_frames
+    codec.decode_frames = lambda frames: passes.append(frames.shape) or decode_frames(frames)
+    windows = [(codes(1, 10, seed=i)[0], 2, 3) for i in range(5)] + [(codes(1, 7, seed=9)[0], 2, 0)]
+    audio = codec.decode_windows(windows)
+    # five windows of 10 frames in passes of 2, 2, 1; the one of 7 alone
+    assert sorted(passes) == [(1, 7, 7), (1, 10, 7), (2, 10, 7), (2, 10, 7)]
+    alone = SnacCodec(published(), LEVELS)  # max_batch 1 on the CPU: one window per pass
+    for (frames, left, right), got in zip(windows, audio, strict=True):
+        expected = alone.decode_windows([(frames, left, right)])[0]
+        assert got.shape == expected.shape == ((frames.shape[0] - left - right) * 2048,)
+        np.testing.assert_allclose(got, expected, atol=1e-5)

@@ -4,6 +4,7 @@ job's first segment (what a listener waits for), which it decodes at once."""
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 
 import numpy as np
@@ -127,6 +128,38 @@ def test_the_stats_line_tells_a_gpu_workers_peak_memory_and_nothing_on_the_cpu(m
     from workers.runtime import gpu_memory_peak
 
     assert not torch.cuda.is_initialized() and gpu_memory_peak() == ""
-    cuda = types.SimpleNamespace(is_initialized=lambda: True, max_memory_reserved=lambda: 1536 * 2**20)
+    cuda = types.SimpleNamespace(
+        is_initialized=lambda: True,
+        max_memory_reserved=lambda: 1536 * 2**20,
+        max_memory_allocated=lambda: 600 * 2**20,
+    )
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
-    assert gpu_memory_peak() == ", GPU memory 1536 MiB at most"
+    assert gpu_memory_peak() == ", GPU memory 1536 MiB at most (600 MiB in tensors)"
+
+
+def test_a_decoders_gpu_memory_limit_sets_the_allocators_share_and_reclaim_threshold(monkeypatch):
+    """decoder_gpu_memory_gb: the allocator's share of the card and its reclaim threshold, set before
+    the first allocation; nothing on the CPU or without a limit. (The CUDA calls are stand-ins here:
+    no GPU on this machine; bench/decoder_speed.py --memory --memory-limit-gb measures it on one.)"""
+    import types
+
+    from workers.runtime import limit_gpu_memory
+
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
+    assert limit_gpu_memory(None, "cuda") is None and limit_gpu_memory(8, "cpu") is None
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512"  # untouched
+    calls = []
+    cuda = types.SimpleNamespace(
+        get_device_properties=lambda index: types.SimpleNamespace(total_memory=80 * 2**30),
+        set_per_process_memory_fraction=lambda fraction, index: calls.append((fraction, index)),
+    )
+    import torch
+
+    monkeypatch.setattr(torch, "cuda", cuda)
+    said = limit_gpu_memory(8, "cuda:1")
+    assert calls == [(0.1, 1)]
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512,garbage_collection_threshold:0.6"
+    assert said == "8 GiB of 80 (0.100), max_split_size_mb:512,garbage_collection_threshold:0.6"
+    limit_gpu_memory(200, "cuda")  # more than the card: the whole card, the threshold not repeated
+    assert calls[-1] == (1.0, 0)
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"].count("garbage_collection_threshold") == 1
