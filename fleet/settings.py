@@ -230,8 +230,9 @@ class Settings(BaseSettings):
     #: GiB of GPU memory a decoder's PyTorch allocator may hold (unset: no limit). The allocator keeps
     #: freed blocks of every shape it has seen, and windows come in many batch sizes and lengths: the
     #: H200 and H100 fleets' decoders held 16-19 GiB for batches that need ~5, memory the AR engines'
-    #: KV caches could use on an 80 GB card. With a limit it hands back old unused blocks once 60 % of
+    #: KV caches could use on an 80 GB card. With a limit it hands back old unused blocks once 80 % of
     #: the limit is in use (PyTorch's garbage_collection_threshold) and frees its cache rather than fail.
+    #: Give it ~1.6x a pass's peak (8 GiB for the default 2,048 frames), or it reclaims at every pass.
     decoder_gpu_memory_gb: float | None = Field(default=None, gt=0)
     #: Back-pressure: AR workers start no new segment while the code-chunk or the audio stream holds
     #: more than this many entries in all its shards (decoders or assemblers behind), so Redis memory

@@ -158,8 +158,8 @@ def test_a_decoders_gpu_memory_limit_sets_the_allocators_share_and_reclaim_thres
     monkeypatch.setattr(torch, "cuda", cuda)
     said = limit_gpu_memory(8, "cuda:1")
     assert calls == [(0.1, 1)]
-    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512,garbage_collection_threshold:0.6"
-    assert said == "8 GiB of 80 (0.100), max_split_size_mb:512,garbage_collection_threshold:0.6"
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512,garbage_collection_threshold:0.8"
+    assert said == "8 GiB of 80 (0.100), max_split_size_mb:512,garbage_collection_threshold:0.8"
     limit_gpu_memory(200, "cuda")  # more than the card: the whole card, the threshold not repeated
     assert calls[-1] == (1.0, 0)
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"].count("garbage_collection_threshold") == 1
