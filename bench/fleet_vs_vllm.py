@@ -706,8 +706,12 @@ def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int, redis_p
             for job_id, t in shorts.submitted:
                 print("short job stages: " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in watcher.stages(job_id, t).items()))
         decoder_memory = decoder_gpu_memory_mib(log_dir)
+        decoder_tensors = decoder_gpu_memory_mib(log_dir, tensors=True)
         if decoder_memory:
-            print(f"RESULT decoders' GPU memory at most (MiB, each): {decoder_memory}", flush=True)
+            print(
+                f"RESULT decoders' GPU memory at most (MiB, each): {decoder_memory}; in tensors {decoder_tensors}",
+                flush=True,
+            )
         manifests = (
             [json.loads((settings.storage_dir / JobObjects(j["tenant"], j["id"]).manifest).read_text()) for j in books]
             if complete
@@ -735,6 +739,7 @@ def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int, redis_p
             "decoder_pause": diagnosis,
             "pinning": pinning,
             "decoder_gpu_memory_mib": decoder_memory,
+            "decoder_gpu_tensor_mib": decoder_tensors,
             "texts": texts,
             "manifests": manifests,
         }
@@ -744,14 +749,15 @@ def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int, redis_p
         gpu_sharing.close()
 
 
-def decoder_gpu_memory_mib(log_dir: Path) -> dict[str, int]:
-    """Each decoder's peak GPU memory, from the last of its stats lines (workers/runtime.py
-    ``gpu_memory_peak``); empty off the GPU."""
+def decoder_gpu_memory_mib(log_dir: Path, tensors: bool = False) -> dict[str, int]:
+    """Each decoder's peak GPU memory held by its allocator (or, with ``tensors``, in tensors), from
+    the last of its stats lines (workers/runtime.py ``gpu_memory_peak``); empty off the GPU."""
     import re
 
+    pattern = r"GPU memory \d+ MiB at most \((\d+) MiB in tensors\)" if tensors else r"GPU memory (\d+) MiB at most"
     peaks = {}
     for path in sorted(log_dir.glob("decoder-*.log")):
-        found = re.findall(r"GPU memory (\d+) MiB at most", path.read_text(errors="replace"))
+        found = re.findall(pattern, path.read_text(errors="replace"))
         if found:
             peaks[path.stem] = int(found[-1])
     return peaks

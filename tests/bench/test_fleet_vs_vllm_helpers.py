@@ -68,11 +68,12 @@ def test_stream_watcher_times_entries_when_redis_added_them(redis_url, key_prefi
 def test_decoder_gpu_memory_is_each_decoders_last_stats_line(tmp_path):
     (tmp_path / "decoder-g0-0.log").write_text(
         "decoder: 9 chunks in 3 batches (3.0 per batch), GPU memory 900 MiB at most\n"
-        "decoder: 40 chunks in 5 batches (8.0 per batch), GPU memory 1210 MiB at most\n"
+        "decoder: 40 chunks in 5 batches (8.0 per batch), GPU memory 1210 MiB at most (420 MiB in tensors)\n"
     )
     (tmp_path / "decoder-g1-0.log").write_text("decoder: 9 chunks in 3 batches (3.0 per batch)\n")  # on the CPU
     (tmp_path / "ar-orpheus-0.log").write_text("GPU memory 7000 MiB at most\n")  # not a decoder
     assert decoder_gpu_memory_mib(tmp_path) == {"decoder-g0-0": 1210}
+    assert decoder_gpu_memory_mib(tmp_path, tensors=True) == {"decoder-g0-0": 420}
 
 
 def test_stream_watcher_spreads_a_segments_chunks_from_its_task(redis_url, key_prefix):
