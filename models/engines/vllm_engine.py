@@ -159,7 +159,7 @@ class FrameConstraintLogitsProcessor(LogitsProcessor):
         self._graphs = device.type == "cuda" and os.environ.get(PROCESSOR_GRAPHS_ENV) != "0"
         self._padded = self._graphs  # graphs want fixed shapes; tests pad on the CPU as well
         self._consts: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-        self._zeros: dict[torch.dtype, torch.Tensor] = {}
+        self._forced_logit: dict[torch.dtype, torch.Tensor] = {}
 
     def is_argmax_invariant(self) -> bool:
         return False  # it changes which token is most likely
@@ -284,10 +284,12 @@ class FrameConstraintLogitsProcessor(LogitsProcessor):
         torch.index_select(flat_logits, 0, step.flat, out=step.logits.view(-1))
         self._run(step.sample_graph, self._sample, step, vocab)
         rows, tokens = step.info[:m, 0], step.tokens[:m]
-        logits.index_fill_(0, rows, float("-inf"))
-        # index_put_ of a device value: an indexed assignment of a Python scalar copies it from
-        # pageable memory, which waits for the forward pass
-        logits.index_put_((rows, tokens), self._zero(logits.dtype))
+        # the chosen token's logit becomes the largest finite value: vLLM's greedy argmax takes it
+        # and a softmax of the row is one-hot (no NaN where a mixed batch samples at random too),
+        # without writing -inf over the row's ~157k other logits (~0.23 ms a 512-row step on an
+        # H100). index_put_ of a device value: an indexed assignment of a Python scalar copies it
+        # from pageable memory, which waits for the forward pass
+        logits.index_put_((rows, tokens), self._forced(logits.dtype))
         return logits
 
     @staticmethod
@@ -435,11 +437,12 @@ class FrameConstraintLogitsProcessor(LogitsProcessor):
             )
         return self._consts
 
-    def _zero(self, dtype: torch.dtype) -> torch.Tensor:
-        """The forced token's logit, as a device value."""
-        if dtype not in self._zeros:
-            self._zeros[dtype] = torch.zeros((), dtype=dtype, device=self.device)
-        return self._zeros[dtype]
+    def _forced(self, dtype: torch.dtype) -> torch.Tensor:
+        """The forced token's logit (the dtype's largest finite value), as a device value."""
+        if dtype not in self._forced_logit:
+            top = torch.finfo(dtype).max
+            self._forced_logit[dtype] = torch.full((), top, dtype=dtype, device=self.device)
+        return self._forced_logit[dtype]
 
     def _to_device(self, values, dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, pin_memory=self.pin).to(self.device, non_blocking=True)

@@ -265,3 +265,31 @@ def test_codes_only_logits_give_the_same_codes_and_refuse_unconstrained_requests
     for i, (a, b) in enumerate(zip(outs, expected, strict=True)):
         first_difference = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
         assert a == b, f"segment {i}: the codes-only head and the full head differ from token {first_difference}"
+
+
+def test_the_codes_only_head_writes_only_its_range_into_one_float32_buffer():
+    """The head's logits: float32 (vLLM's sampler then makes no full-width copy), -inf outside the
+    range from step to step although the buffer is kept and the sampler path writes into it, the
+    range the head's products; more rows than before make the buffer larger."""
+    import types
+
+    import torch.nn.functional as F
+
+    from models.engines.vllm_codes_only import CodesOnlyLlamaForCausalLM
+
+    torch.manual_seed(0)
+    vocab, first, end = 40, 10, 25
+    head = object.__new__(CodesOnlyLlamaForCausalLM)  # the head alone: no Llama to build
+    torch.nn.Module.__init__(head)
+    head._range, head._vocab, head._logits = (first, end), vocab, None
+    head.lm_head = types.SimpleNamespace(weight=torch.randn(vocab, 8, dtype=torch.bfloat16))
+    head.logits_processor = types.SimpleNamespace(scale=1.0)
+    for rows in (3, 2, 5, 4):
+        hidden = torch.randn(rows, 8, dtype=torch.bfloat16)
+        logits = head.compute_logits(hidden)
+        assert logits.dtype == torch.float32 and logits.shape == (rows, vocab)
+        assert torch.equal(logits[:, first:end], F.linear(hidden, head.lm_head.weight[first:end]).float())
+        assert torch.isneginf(logits[:, :first]).all() and torch.isneginf(logits[:, end:]).all()
+        logits[:, first:end] = 7.0  # the sampler path (temperature, penalties, the processor) writes here
+        logits.div_(0.6)  # and divides every column: -inf stays -inf
+    assert head._logits.shape == (5, vocab)  # made once larger, then reused
