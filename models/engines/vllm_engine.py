@@ -118,8 +118,8 @@ class FrameConstraintLogitsProcessor(LogitsProcessor):
     generated so far mod ``period``; the candidates are token ids [base + p * stride, ... + size)
     and, when p == 0, the stop ids. The processor samples among them with the request's own
     settings (``models.sampling``: repetition penalty over a per-row seen-token table, temperature,
-    top-k, top-p, seeded Gumbel noise), then leaves only the chosen token finite, and vLLM's greedy
-    pick returns it. vLLM is given greedy settings for such requests, so its sampler neither sorts
+    top-k, top-p, seeded Gumbel noise), then gives the chosen token the largest finite logit, and
+    vLLM's greedy pick returns it. vLLM is given greedy settings for such requests, so its sampler neither sorts
     the 157k-token vocabulary nor runs a random generator per request.
 
     vLLM's engine core is one Python thread that runs this every step, for every row, and on a
