@@ -162,6 +162,11 @@ def test_a_book_is_narrated_listened_to_while_it_renders_and_downloaded(fleet, o
     # jump to chapter 2: the stream from chapter 2 on, playing
     chapters.nth(1).click()
     expect(chapters.nth(1)).to_have_attribute("aria-current", "true")
+    # Chromium picks the new source on a task of its own after `src` is set: wait for currentSrc
+    page.wait_for_function(
+        "() => new URL(document.getElementById('player').currentSrc || location.href).searchParams.get('chapter') === '2'",
+        timeout=10_000,
+    )
     src = urlparse(player(page)["src"])
     assert src.path == f"/v1/jobs/{job_id}/stream" and parse_qs(src.query)["chapter"] == ["2"], src
     page.wait_for_function("() => document.getElementById('player').currentTime > 1.0", timeout=30_000)
