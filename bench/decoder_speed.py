@@ -12,7 +12,8 @@ Variants:
 - ``snac``: the snac package as published (weight norm recomputed on every call);
 - ``fleet``: models.snac_codec.SnacCodec as the decoder worker runs it (weight norm folded in once);
 - ``fleet_compiled``: the same under torch.compile (--compile);
-- ``fleet_bf16``: the same under bfloat16 autocast (--bf16; not bit-identical to fp32).
+- ``fleet_bf16``: the same with its weights and activations in bfloat16 (--bf16, as ``decoder_bf16``
+  runs it; not bit-identical to fp32; with --compile also ``fleet_compiled_bf16``).
 
 ``--memory`` measures memory instead of speed (the fleet's decoder, eager): the peak of live tensors
 per frame decoded, for each batch size; on a GPU also what PyTorch's allocator holds over a stream
@@ -83,16 +84,15 @@ def main() -> int:
 
     codec = SnacCodec(model(), LEVELS, device=args.device)
     variants = {"snac": snac_decode, "fleet": codec.decode_frames}
-    if args.bf16:
-
-        def bf16(frames):
-            with torch.autocast(device_type=torch.device(args.device).type, dtype=torch.bfloat16):
-                return codec.decode_frames(frames)
-
-        variants["fleet_bf16"] = bf16
+    if args.bf16:  # as NARRATE_DECODER_BF16=1 runs it: weights and activations in bfloat16
+        variants["fleet_bf16"] = SnacCodec(model(), LEVELS, device=args.device, dtype=torch.bfloat16).decode_frames
     if args.compile:  # as NARRATE_DECODER_COMPILE=1 runs it (dynamic shapes)
         variants["fleet_compiled"] = SnacCodec(
             model(), LEVELS, device=args.device, compile=True
+        ).decode_frames
+    if args.compile and args.bf16:  # both settings on
+        variants["fleet_compiled_bf16"] = SnacCodec(
+            model(), LEVELS, device=args.device, compile=True, dtype=torch.bfloat16
         ).decode_frames
 
     rng = np.random.default_rng(0)

@@ -222,6 +222,11 @@ class Settings(BaseSettings):
     #: eager speed; in the fleet 600-960x real time while busy against 540-625x eager. Off by default
     #: (~35 s more start-up); docker-compose.yml switches it on beside two AR engines per GPU.
     decoder_compile: bool = False
+    #: The decoder's weights and activations in bfloat16 instead of float32 (GPU decoders: the decoder
+    #: shares the card with the AR engines and its GPU time is what the fleet spends beyond them).
+    #: Not bit-identical to float32 (the int16 samples move by up to ~1e-2 of full scale on random
+    #: weights); off by default.
+    decoder_bf16: bool = False
     #: Frames of codes one decoder forward pass takes at most: windows of equal length beyond it go
     #: in several passes. SNAC 24 kHz holds ~2.5 MiB of float32 activations per frame decoded
     #: (bench/decoder_speed.py --memory), so 2,048 frames (64 windows of 4 + 25 + 3) peak at ~5 GiB

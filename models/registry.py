@@ -232,6 +232,8 @@ def load_tokenizer(spec: ModelSpec, settings: Settings) -> HFTextTokenizer:
 
 
 def load_codec(spec: ModelSpec, settings: Settings):
+    import torch
+
     from models.snac_codec import SnacCodec
 
     return SnacCodec.load(
@@ -240,6 +242,7 @@ def load_codec(spec: ModelSpec, settings: Settings):
         device=settings.device,
         compile=settings.decoder_compile,
         max_frames=settings.decode_max_frames,
+        dtype=torch.bfloat16 if settings.decoder_bf16 else torch.float32,
     )
 
 

@@ -64,3 +64,31 @@ def test_a_batch_over_the_frame_limit_is_decoded_in_passes_with_the_same_audio()
         expected = alone.decode_windows([(frames, left, right)])[0]
         assert got.shape == expected.shape == ((frames.shape[0] - left - right) * 2048,)
         np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+def test_the_bfloat16_decoder_gives_float32_audio_close_to_the_float32_decoder():
+    """decoder_bf16: weights and activations in bfloat16 (half the bytes a GPU pass moves); the audio
+    comes back as float32 samples of the same shape, within bfloat16's precision of float32's."""
+    full, half = SnacCodec(published(), LEVELS), SnacCodec(published(), LEVELS, dtype=torch.bfloat16)
+    assert {p.dtype for p in half.model.parameters()} == {torch.bfloat16}
+    frames = codes(2, 12, seed=3)
+    a, b = full.decode_frames(frames), half.decode_frames(frames)
+    assert b.dtype == np.float32 and b.shape == a.shape == (2, 12 * 2048)
+    error = np.abs(b - a).max() / np.abs(a).max()
+    assert 0 < error < 0.05, error  # not bit-identical, and no more than bfloat16's rounding
+    snr_db = 10 * np.log10(np.mean(a**2) / np.mean((b - a) ** 2))
+    assert snr_db > 30, snr_db  # ~39 dB on these random weights
+    windows = half.decode_windows([(frames[0], 4, 3), (frames[1], 0, 0)])
+    assert [w.shape for w in windows] == [(5 * 2048,), (12 * 2048,)]
+
+
+def test_decoder_bf16_loads_the_models_codec_in_bfloat16(make_settings, monkeypatch):
+    from models.registry import get_model, load_codec
+
+    monkeypatch.setenv("NARRATE_DECODER_BF16", "1")  # as an operator sets it
+    settings = make_settings("unused:")
+    assert settings.decoder_bf16
+    codec = load_codec(get_model("tiny", settings), settings)
+    assert codec.dtype == torch.bfloat16 and {p.dtype for p in codec.model.parameters()} == {torch.bfloat16}
+    audio = codec.decode_windows([(codes(1, 8)[0], 2, 2)])[0]
+    assert audio.dtype == np.float32 and audio.shape == (4 * 2048,) and np.isfinite(audio).all()
