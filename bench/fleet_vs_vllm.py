@@ -879,8 +879,8 @@ def run_offline(args, settings, fleet: dict) -> dict:
     if args.raw_gpu_memory_utilization:  # or, against several AR engines per GPU, one with more memory
         engine_args["gpu_memory_utilization"] = args.raw_gpu_memory_utilization
         engine_args.pop("kv_cache_memory_bytes", None)  # ... all of it for its KV cache, as profiled
-    if args.raw_max_num_seqs:  # ... and with the sequences of all of them
-        engine_args["max_num_seqs"] = args.raw_max_num_seqs
+    if args.raw_max_num_seqs:  # ... and with the sequences of all of them (one value in a phase's process)
+        engine_args["max_num_seqs"] = args.raw_max_num_seqs[-1]
     if args.raw_order == "longest":  # stable: equal counts keep the books' order
         order = sorted(range(len(prompts)), key=lambda i: -params[i].max_tokens)
         prompts, params, ours_list = ([xs[i] for i in order] for xs in (prompts, params, ours_list))
@@ -1155,8 +1155,9 @@ def more_rounds(args, overrides: dict, first: dict) -> dict:
             print_variant(name, variant, r + 1)
         row = {**round_row(base, variants), "fleet_complete": fleet["complete"], "offline_audio_s_per_s": None}
         if not args.skip_offline and fleet["complete"]:
-            offline = phase_in_subprocess(args, fleet, "offline")
-            row["offline_audio_s_per_s"] = offline["tokens"] / 7 * 2048 / 24000 / offline["wall_s"]
+            offline = run_raw(args, fleet)
+            row["offline_audio_s_per_s"] = offline["audio_s_per_s"]
+            row["offline_by_max_num_seqs"] = offline["by_max_num_seqs"]
         rounds.append(row)
         print(f"RESULT round {r + 1}: {json.dumps(row)}", flush=True)
     fleets = [x["fleet_audio_s_per_s"] for x in rounds]
@@ -1209,8 +1210,35 @@ def variant_medians(rounds: list[dict]) -> dict:
     return out
 
 
-def phase_in_subprocess(args, fleet: dict, phase: str) -> dict:
-    """Run a phase (offline, async) in a new process, once earlier processes have let go of the GPU."""
+def raw_seqs(text: str) -> list[int]:
+    """``--raw-max-num-seqs``: one value or several, comma-separated (512 or 512,1024)."""
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
+    if min(values) < 1:
+        raise argparse.ArgumentTypeError(f"max_num_seqs must be at least 1: {text!r}")
+    return values
+
+
+def run_raw(args, fleet: dict) -> dict:
+    """Raw vLLM on the fleet's tokens at each ``--raw-max-num-seqs`` (each in a fresh process):
+    the fastest of them is the raw figure, so the fleet is held against raw vLLM's best setting."""
+    runs = {}
+    for seqs in args.raw_max_num_seqs or [args.max_num_seqs]:
+        offline = phase_in_subprocess(args, fleet, "offline", ["--raw-max-num-seqs", str(seqs)])
+        offline["audio_s_per_s"] = offline["tokens"] / 7 * 2048 / 24000 / offline["wall_s"]
+        runs[seqs] = offline
+        if len(args.raw_max_num_seqs or []) > 1:
+            print(f"RESULT raw vLLM at max_num_seqs {seqs}: {offline['audio_s_per_s']:.1f} audio-s/s", flush=True)
+    best = max(runs, key=lambda seqs: runs[seqs]["audio_s_per_s"])
+    by_seqs = {seqs: run["audio_s_per_s"] for seqs, run in runs.items()}
+    return {**runs[best], "max_num_seqs": best, "by_max_num_seqs": by_seqs}
+
+
+def phase_in_subprocess(args, fleet: dict, phase: str, extra: list[str] | None = None) -> dict:
+    """Run a phase (offline, async) in a new process, once earlier processes have let go of the GPU;
+    ``extra`` arguments come after the bench's own (argparse: the last of an option wins)."""
     import subprocess
 
     wait_for_free_gpu(args, f"{phase} phase")
@@ -1219,7 +1247,7 @@ def phase_in_subprocess(args, fleet: dict, phase: str) -> dict:
     state.write_text(
         json.dumps({"texts": fleet["texts"], "manifests": fleet["manifests"], "audio_s_per_s": audio_rate})
     )
-    argv = [sys.executable, __file__, *sys.argv[1:], "--offline-from", str(state), "--phase", phase]
+    argv = [sys.executable, __file__, *sys.argv[1:], *(extra or []), "--offline-from", str(state), "--phase", phase]
     subprocess.run(argv, check=True)
     return json.loads(state.with_name(f"{phase}.json").read_text())
 
@@ -1340,9 +1368,10 @@ def main() -> int:
     )
     parser.add_argument(
         "--raw-max-num-seqs",
-        type=int,
-        default=0,
-        help="raw vLLM's max_num_seqs, where it differs from one AR engine's (default: the same)",
+        type=raw_seqs,
+        default=None,
+        help="raw vLLM's max_num_seqs, where it differs from one AR engine's (default: the same); "
+        "several, comma-separated, run raw vLLM once each and hold the fleet against the fastest",
     )
     parser.add_argument(
         "--raw-order",
@@ -1496,7 +1525,7 @@ def main() -> int:
         "segments": fleet["segments"],
         "max_num_seqs": args.max_num_seqs,
         "ar_workers": args.ar_workers,
-        "raw_max_num_seqs": args.raw_max_num_seqs or args.max_num_seqs,
+        "raw_max_num_seqs": args.raw_max_num_seqs or [args.max_num_seqs],
         "raw_gpu_memory_utilization": args.raw_gpu_memory_utilization or args.gpu_memory_utilization,
         "raw_order": args.raw_order,
         "decoder_gpu_memory_mib": fleet.get("decoder_gpu_memory_mib"),
@@ -1541,9 +1570,11 @@ def main() -> int:
             async_direct=direct,
         )
     if not args.skip_offline and fleet["complete"]:
-        offline = phase_in_subprocess(args, fleet, "offline")
+        offline = run_raw(args, fleet)
         offline_audio = offline["tokens"] / 7 * 2048 / 24000
         result.update(
+            offline_max_num_seqs=offline["max_num_seqs"],
+            offline_by_max_num_seqs=offline["by_max_num_seqs"],
             offline_wall_s=offline["wall_s"],
             offline_tokens=offline["tokens"],
             offline_audio_s_per_s=offline_audio / offline["wall_s"],
@@ -1559,7 +1590,7 @@ def main() -> int:
             )
         print(
             f"RESULT offline vLLM: {offline['tokens']} tokens ({offline_audio:.0f} s of audio) in {offline['wall_s']:.1f} s "
-            f"= {result['offline_audio_s_per_s']:.1f} audio-s/s",
+            f"= {result['offline_audio_s_per_s']:.1f} audio-s/s (max_num_seqs {offline['max_num_seqs']})",
             flush=True,
         )
         print(f"RESULT ratio fleet/offline = {result['ratio_fleet_over_offline']:.3f}", flush=True)

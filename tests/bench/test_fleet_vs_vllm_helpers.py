@@ -17,6 +17,8 @@ from fleet_vs_vllm import (  # noqa: E402
     decoder_gpu_memory_mib,
     fleet_variant,
     per_window,
+    raw_seqs,
+    run_raw,
     spread_per_window,
 )
 
@@ -104,3 +106,32 @@ def test_stream_watcher_spreads_a_segments_chunks_from_its_task(redis_url, key_p
         assert spans == [(5.0, 25), (1.0, 25), (1.0, 25)]
     finally:
         watcher.stop()
+
+
+def test_raw_vllm_runs_once_per_max_num_seqs_and_the_fastest_is_the_figure(monkeypatch, capsys):
+    import fleet_vs_vllm
+
+    assert raw_seqs("512") == [512] and raw_seqs("512,1024") == [512, 1024]
+    for bad in ("", "512,x", "0,512"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            raw_seqs(bad)
+    walls = {"512": 40.0, "1024": 32.0, "256": 50.0}  # the same tokens in less time at 1,024
+    calls = []
+
+    def phase(args, fleet, phase, extra=None):
+        calls.append((phase, extra))
+        return {"tokens": 700_000, "wall_s": walls[extra[-1]]}
+
+    monkeypatch.setattr(fleet_vs_vllm, "phase_in_subprocess", phase)
+    args = argparse.Namespace(raw_max_num_seqs=[512, 1024, 256], max_num_seqs=512)
+    raw = run_raw(args, {})
+    assert calls == [("offline", ["--raw-max-num-seqs", n]) for n in ("512", "1024", "256")]
+    audio_s = 700_000 / 7 * 2048 / 24000
+    assert raw["max_num_seqs"] == 1024 and raw["wall_s"] == 32.0
+    assert raw["audio_s_per_s"] == pytest.approx(audio_s / 32.0)
+    assert raw["by_max_num_seqs"] == pytest.approx({512: audio_s / 40, 1024: audio_s / 32, 256: audio_s / 50})
+    assert "RESULT raw vLLM at max_num_seqs 1024" in capsys.readouterr().out
+    # no list: the AR engine's own max_num_seqs, once
+    calls.clear()
+    assert run_raw(argparse.Namespace(raw_max_num_seqs=None, max_num_seqs=512), {})["max_num_seqs"] == 512
+    assert calls == [("offline", ["--raw-max-num-seqs", "512"])]
