@@ -1577,7 +1577,7 @@ def main() -> int:
             offline_by_max_num_seqs=offline["by_max_num_seqs"],
             offline_wall_s=offline["wall_s"],
             offline_tokens=offline["tokens"],
-            offline_audio_s_per_s=offline_audio / offline["wall_s"],
+            offline_audio_s_per_s=offline["audio_s_per_s"],
             offline_tokens_per_s=offline["tokens"] / offline["wall_s"],
             raw_variants=offline.get("variants"),
             offline_resources_steady=offline.get("resources_steady"),
