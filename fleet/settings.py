@@ -239,14 +239,6 @@ class Settings(BaseSettings):
     #: the limit is in use (PyTorch's garbage_collection_threshold) and frees its cache rather than fail.
     #: Give it ~1.6x a pass's peak (8 GiB for the default 2,048 frames), or it reclaims at every pass.
     decoder_gpu_memory_gb: float | None = Field(default=None, gt=0)
-    #: Under CUDA MPS (``cuda_mps``, or a host's own MPS daemon): the decoder as a below-normal
-    #: priority client (CUDA_MPS_CLIENT_PRIORITY=1). The GPU then schedules the AR engines' kernels
-    #: first and the decoder's in what they leave: the decoder needs only to keep pace with them
-    #: (its chunks are ready long before they are played), the engines set the fleet's speed.
-    decoder_mps_low_priority: bool = False
-    #: Under CUDA MPS: the share of the GPU's SMs the decoder's kernels may hold at once, in percent
-    #: (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); unset: all of them, as every other client.
-    decoder_mps_sm_percent: int | None = Field(default=None, ge=1, le=100)
     #: Back-pressure: AR workers start no new segment while the code-chunk or the audio stream holds
     #: more than this many entries in all its shards (decoders or assemblers behind), so Redis memory
     #: stays bounded whatever ``task_shards``.

@@ -165,17 +165,13 @@ class DecoderWorker(Stage[CodeChunk]):
 
 async def run_decoder_worker(ctx: WorkerContext, models: list[str]) -> None:
     from models.registry import get_model, load_codec
-    from workers.runtime import become_mps_client, configure_torch, limit_gpu_memory
+    from workers.runtime import configure_torch, limit_gpu_memory
 
-    settings = ctx.settings
-    mps = become_mps_client(settings.decoder_mps_low_priority, settings.decoder_mps_sm_percent)
-    if mps:
-        log.info("decoder as a CUDA MPS client with %s", mps)
-    configure_torch(settings)
-    limited = limit_gpu_memory(settings.decoder_gpu_memory_gb, settings.device)
+    configure_torch(ctx.settings)
+    limited = limit_gpu_memory(ctx.settings.decoder_gpu_memory_gb, ctx.settings.device)
     if limited:
         log.info("decoder GPU memory limited to %s", limited)
     codecs = {}
     for model in models:
-        codecs[model] = await asyncio.to_thread(load_codec, get_model(model, settings), settings)
+        codecs[model] = await asyncio.to_thread(load_codec, get_model(model, ctx.settings), ctx.settings)
     await DecoderWorker(ctx, codecs).run()

@@ -155,27 +155,6 @@ def gpu_memory_peak() -> str:
 GPU_MEMORY_RECLAIM_AT = 0.8
 
 
-def mps_client_env(low_priority: bool, sm_percent: int | None) -> dict[str, str]:
-    """The CUDA MPS client variables for a worker's priority and SM share (empty: MPS's defaults).
-    The CUDA driver reads them when the process first touches the GPU, and a process without MPS
-    ignores them."""
-    env = {}
-    if low_priority:
-        env["CUDA_MPS_CLIENT_PRIORITY"] = "1"  # below normal (0: normal, every client's default)
-    if sm_percent is not None:
-        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(sm_percent)
-    return env
-
-
-def become_mps_client(low_priority: bool, sm_percent: int | None) -> str | None:
-    """Set this process's MPS client variables (before its first CUDA call: in the process
-    itself, so that a decoder started by ``narrate fleet`` and one in a container of its own get
-    the same). Returns what was set, for the log; None where nothing was."""
-    env = mps_client_env(low_priority, sm_percent)
-    os.environ.update(env)
-    return ", ".join(f"{k}={v}" for k, v in env.items()) or None
-
-
 def limit_gpu_memory(gb: float | None, device: str) -> str | None:
     """Hold this process's PyTorch allocator to ``gb`` GiB of ``device`` (a worker beside the AR
     engines on one GPU). Call before the process's first CUDA allocation: the reclaim threshold is

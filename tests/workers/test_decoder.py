@@ -163,36 +163,3 @@ def test_a_decoders_gpu_memory_limit_sets_the_allocators_share_and_reclaim_thres
     limit_gpu_memory(200, "cuda")  # more than the card: the whole card, the threshold not repeated
     assert calls[-1] == (1.0, 0)
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"].count("garbage_collection_threshold") == 1
-
-
-def test_a_decoder_becomes_a_low_priority_mps_client_before_it_touches_the_gpu(monkeypatch, tmp_path):
-    """decoder_mps_low_priority / decoder_mps_sm_percent: the CUDA MPS client variables are in the
-    decoder's own environment before its first CUDA call (the GPU memory limit is that call), so a
-    decoder started by ``narrate fleet`` and one in a container of its own get the same; unset,
-    nothing is set. (The driver's reading of them needs a GPU under MPS: bench/fleet_vs_vllm.py
-    --fleet-variant lowprio:decoder_mps_low_priority=true measures it there.)"""
-    import workers.runtime as runtime
-    from workers.decoder import run_decoder_worker
-
-    seen = []
-
-    def first_cuda_call(gb, device):
-        seen.append({k: os.environ.get(k) for k in ("CUDA_MPS_CLIENT_PRIORITY", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")})
-        raise RuntimeError("stop here")
-
-    monkeypatch.setattr(runtime, "limit_gpu_memory", first_cuda_call)
-    for name in ("CUDA_MPS_CLIENT_PRIORITY", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"):
-        monkeypatch.delenv(name, raising=False)
-    ctx = WorkerContext(Settings(), None, Names("t"), None, LocalStorage(tmp_path), asyncio.Event())
-    with pytest.raises(RuntimeError, match="stop here"):
-        asyncio.run(run_decoder_worker(ctx, ["orpheus"]))
-    assert seen[-1] == {"CUDA_MPS_CLIENT_PRIORITY": None, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": None}
-
-    monkeypatch.setenv("NARRATE_DECODER_MPS_LOW_PRIORITY", "1")
-    monkeypatch.setenv("NARRATE_DECODER_MPS_SM_PERCENT", "30")
-    ctx = WorkerContext(Settings(), None, Names("t"), None, LocalStorage(tmp_path), asyncio.Event())
-    with pytest.raises(RuntimeError, match="stop here"):
-        asyncio.run(run_decoder_worker(ctx, ["orpheus"]))
-    assert seen[-1] == {"CUDA_MPS_CLIENT_PRIORITY": "1", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30"}
-    with pytest.raises(ValueError):
-        Settings(decoder_mps_sm_percent=0)
