@@ -1062,14 +1062,47 @@ def precision_label(settings) -> str:
 
 
 def host_cpu() -> dict:
-    """The host's CPU model and cores: raw vLLM's engine core is CPU-bound, so its speed follows it."""
-    model = ""
+    """The host's CPU: raw vLLM's engine core is one CPU-bound Python process, so its speed follows
+    this. Leases that report the same model name ("Intel(R) Xeon(R) Processor") gave raw vLLM
+    230 and 330 audio-s/s (docs/benchmarks.md, sessions 21-22): the family/model/stepping, the
+    clock the kernel reports and a one-core Python speed tell them apart."""
+    info: dict[str, str] = {}
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return {"model": model, "cores": len(os.sched_getaffinity(0))}
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("model name", "cpu family", "model", "stepping", "cpu MHz") and key not in info:
+                info[key] = value.strip()
+            if not line.strip() and info:
+                break  # the first processor's block
+    return {
+        "model": info.get("model name", ""),
+        "family_model_stepping": "/".join(info.get(k, "?") for k in ("cpu family", "model", "stepping")),
+        "mhz": float(info["cpu MHz"]) if "cpu MHz" in info else None,
+        "python_mops_per_s": python_speed(),
+        "cores": len(os.sched_getaffinity(0)),
+    }
+
+
+def python_speed(iterations: int = 1_000_000, repeats: int = 7) -> float:
+    """Millions of iterations a second of a plain Python loop on one core, the best of ``repeats``
+    (~0.4 s in all): the kind of work a vLLM engine core's scheduler and output handling do."""
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        total = 0
+        for i in range(iterations):
+            total += i & 7
+        best = min(best, time.perf_counter() - started)
+    return iterations / best / 1e6
+
+
+def host_line(host: dict) -> str:
+    mhz = f", {host['mhz']:.0f} MHz" if host.get("mhz") else ""
+    return (
+        f"{host['model']} (family/model/stepping {host['family_model_stepping']}{mhz}; {host['cores']} cores; "
+        f"one core runs {host['python_mops_per_s']:.1f} M Python loop iterations/s)"
+    )
 
 
 def fleet_summary(run: dict, change: dict) -> dict:
@@ -1441,7 +1474,7 @@ def main() -> int:
     parser.add_argument("--phase", default="offline", help=argparse.SUPPRESS)
     args = parser.parse_args()
     host = host_cpu()
-    print(f"RESULT host CPU: {host['model']} ({host['cores']} cores)", flush=True)
+    print(f"RESULT host CPU: {host_line(host)}", flush=True)
 
     from fleet.settings import Settings
     from narrate.embedded import EmbeddedValkey
@@ -1595,11 +1628,10 @@ def main() -> int:
         )
         print(f"RESULT ratio fleet/offline = {result['ratio_fleet_over_offline']:.3f}", flush=True)
     if args.rounds > 1 and fleet["complete"]:
-        result.update(more_rounds(args, overrides, result))
-
+        # round 1 whole (raw vLLM's figure too), kept if the call's time runs out in a later round
         (out / "results.json").write_text(json.dumps(result, indent=2))
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "results.json").write_text(json.dumps(result, indent=2))
+        result.update(more_rounds(args, overrides, result))
+    (out / "results.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
     return 0
 

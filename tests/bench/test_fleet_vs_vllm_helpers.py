@@ -135,3 +135,20 @@ def test_raw_vllm_runs_once_per_max_num_seqs_and_the_fastest_is_the_figure(monke
     calls.clear()
     assert run_raw(argparse.Namespace(raw_max_num_seqs=None, max_num_seqs=512), {})["max_num_seqs"] == 512
     assert calls == [("offline", ["--raw-max-num-seqs", "512"])]
+
+
+def test_the_host_cpu_line_tells_apart_leases_that_share_a_model_name():
+    """Two H100 leases both said "Intel(R) Xeon(R) Processor" and gave raw vLLM 230 and 330
+    audio-s/s: the line also carries the family/model/stepping, the clock and a one-core Python
+    speed, read from this machine."""
+    import fleet_vs_vllm as bench
+
+    host = bench.host_cpu()
+    assert host["cores"] >= 1 and host["model"]
+    parts = host["family_model_stepping"].split("/")
+    assert len(parts) == 3 and all(p.isdigit() for p in parts), host
+    assert host["mhz"] is None or host["mhz"] > 100
+    assert 1 < host["python_mops_per_s"] < 1000  # a plain loop: tens of millions a second on any core
+    line = bench.host_line(host)
+    assert line.startswith(host["model"]) and host["family_model_stepping"] in line and "Python loop" in line
+    assert bench.python_speed(iterations=1000, repeats=1) > 0
