@@ -1604,7 +1604,7 @@ def main() -> int:
         )
     if not args.skip_offline and fleet["complete"]:
         offline = run_raw(args, fleet)
-        offline_audio = offline["tokens"] / 7 * 2048 / 24000
+        offline_audio = offline["audio_s_per_s"] * offline["wall_s"]  # run_raw converted the tokens
         result.update(
             offline_max_num_seqs=offline["max_num_seqs"],
             offline_by_max_num_seqs=offline["by_max_num_seqs"],
