@@ -23,6 +23,14 @@ holds itself (set at the start: the allocator reads its reclaim threshold once):
 
     python bench/decoder_speed.py --device cuda --memory                       # as the fleet runs now
     python bench/decoder_speed.py --device cuda --memory --memory-limit-gb 8   # with the limit
+
+``--windows`` decodes the windows of the fleet bench's 4 x 400 workload (bench/fleet_vs_vllm.py's
+books, every segment at its whole budget, random codes) as FrameChunker cuts them with and without
+``uniform`` (``uniform_windows``), in reads of ``--read-sizes`` chunks as a decoder takes them off
+the stream, and gives new audio-s/s for each, interleaved ``--repeats`` times (a subset of
+``--window-count`` windows from all over the books):
+
+    python bench/decoder_speed.py --device cuda --compile --bf16 --windows
 """
 
 from __future__ import annotations
@@ -55,9 +63,14 @@ def main() -> int:
     parser.add_argument("--mix-batches", type=int, default=400, help="with --memory on a GPU")
     parser.add_argument("--decode-batch", type=int, default=64, help="with --memory: windows per batch at most")
     parser.add_argument("--max-frames", type=int, default=None, help="with --memory: decode_max_frames")
+    parser.add_argument("--windows", action="store_true", help="the fleet's windows, uniform or not (above)")
+    parser.add_argument("--read-sizes", default="8,32", help="with --windows: chunks per decoder read")
+    parser.add_argument("--window-count", type=int, default=2000, help="with --windows")
     args = parser.parse_args()
     if args.memory:
         return memory(args)
+    if args.windows:
+        return window_mix(args)
 
     import numpy as np
     import torch
@@ -236,6 +249,89 @@ def memory(args) -> int:
         name = f"decoder_memory{'_limit' if limited else ''}.json"
         (out / name).write_text(
             json.dumps({"device": args.device, "limit": limited, "per_frame_bytes": per_frame, "mix": mix}, indent=2)
+        )
+    return 0
+
+
+def fleet_windows(uniform: bool, count: int) -> list[tuple[object, int, int]]:
+    """The 4 x 400 bench workload's windows (frames, left, right), random codes, shuffled as a decoder
+    meets them with hundreds of segments in flight; ``count`` of them, the same ones for both cuts."""
+    import random
+
+    import numpy as np
+
+    from bench.fleet_vs_vllm import book
+    from fleet.settings import Settings
+    from jobs.service import JobRequest, tasks_for, validate
+    from models.orpheus import orpheus_family
+    from models.streaming import FrameChunker
+
+    family, settings = orpheus_family(name="orpheus"), Settings()
+    rng = np.random.default_rng(0)
+    windows = []
+    for j in range(4):
+        job, plan = validate(JobRequest(text=book(j, 400), model="tiny"), settings)
+        for task in tasks_for(job, plan):
+            chunker = FrameChunker(
+                family.layout,
+                chunk_frames=settings.chunk_frames,
+                first_chunk_frames=settings.first_chunk_frames if task.segment == 0 else settings.chunk_frames,
+                left_context=LEFT,
+                lookahead=RIGHT,
+                uniform=uniform,
+            )
+            codes = rng.integers(0, 4096, size=(family.max_frames(task.text), 7)).astype(np.int32)
+            cut = chunker.feed(family.layout.frames_to_tokens(codes)) + chunker.finish()
+            windows += [(w.frames, w.left, w.right) for w in cut]
+    random.Random(0).shuffle(windows)
+    return windows[:count]
+
+
+def window_mix(args) -> int:
+    import torch
+    from snac import SNAC
+
+    from models.snac_codec import SNAC_24KHZ_CONFIG, SnacCodec
+
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    codec = SnacCodec(SNAC(**SNAC_24KHZ_CONFIG).eval(), LEVELS, device=args.device, compile=args.compile, dtype=dtype)
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+    cuts = {"uneven": fleet_windows(False, args.window_count), "uniform": fleet_windows(True, args.window_count)}
+    for name, windows in cuts.items():
+        lengths = [w[0].shape[0] for w in windows]
+        print(
+            f"RESULT windows {name}: {len(windows)} windows, {sum(lengths)} frames decoded for "
+            f"{sum(n - left - right for n, (_, left, right) in zip(lengths, windows, strict=True))} new, "
+            f"{len(set(lengths))} lengths",
+            flush=True,
+        )
+    results: dict[str, dict[int, list[float]]] = {name: {} for name in cuts}
+    for size in [int(r) for r in args.read_sizes.split(",")]:
+        for repeat in range(args.repeats + 1):  # the first: warm-up (compilation, allocator)
+            for name, windows in cuts.items():
+                sync()
+                started = time.perf_counter()
+                audio = 0
+                for i in range(0, len(windows), size):
+                    audio += sum(len(a) for a in codec.decode_windows(windows[i : i + size]))
+                sync()
+                rate = audio / codec.sample_rate / (time.perf_counter() - started)
+                if repeat:
+                    results[name].setdefault(size, []).append(rate)
+        for name in cuts:
+            print(
+                f"RESULT windows {name}, reads of {size}: {statistics.median(results[name][size]):.0f} new audio-s/s "
+                f"(median of {args.repeats}: {', '.join(f'{r:.0f}' for r in results[name][size])})",
+                flush=True,
+            )
+        ratio = statistics.median(results["uniform"][size]) / statistics.median(results["uneven"][size])
+        print(f"RESULT windows uniform / uneven, reads of {size}: x{ratio:.3f}", flush=True)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "decoder_windows.json").write_text(
+            json.dumps({"device": args.device, "compile": args.compile, "bf16": args.bf16, "rates": results}, indent=2)
         )
     return 0
 

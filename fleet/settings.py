@@ -170,6 +170,10 @@ class Settings(BaseSettings):
     #: Frames of look-ahead held back until known (the decoder's right receptive field); unset: the
     #: family's (SNAC 24 kHz: 3; the 16 kHz single-codebook codec: 10).
     lookahead_frames: int | None = None
+    #: Cut every window of a segment (but a job's first segment's ramp) to one length,
+    #: left + chunk + look-ahead frames (models/streaming.py): a decoder decodes windows of one length
+    #: in one batched pass, and a segment's first and final windows otherwise come in ~30 lengths.
+    uniform_windows: bool = False
 
     # --- runaway segments (models/runaway.py) ----------------------------------------------------
     #: Retries, each with a new seed, of a segment that never stops, repeats or is near-silent; after

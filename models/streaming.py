@@ -8,6 +8,12 @@ window's output is the audio of the whole segment, each sample exactly once. The
 small (fast first audio) and sizes double up to ``chunk_frames``; the last one flushes what is left
 with no look-ahead.
 
+With ``uniform`` every other window of a segment at least one window long has the same length,
+``left_context + chunk_frames + lookahead`` frames: the first takes more new frames in place of the
+left context it cannot have, and the last more left context (already-decoded frames: the audio it
+keeps only gets closer to one offline decode). A decoder decodes windows of one length in one batched
+pass, and windows of many lengths in as many small ones.
+
 One chunker per request: it is the only per-request state of the AR stage (invariant I5).
 """
 
@@ -43,6 +49,7 @@ class FrameChunker:
         first_chunk_frames: int,
         left_context: int,
         lookahead: int,
+        uniform: bool = False,
     ) -> None:
         if chunk_frames < 1 or first_chunk_frames < 1 or left_context < 0 or lookahead < 0:
             raise ValueError("chunk sizes must be >= 1 and contexts >= 0")
@@ -51,6 +58,8 @@ class FrameChunker:
         self.first_chunk_frames = first_chunk_frames
         self.left_context = left_context
         self.lookahead = lookahead
+        self.uniform = uniform
+        self.window_frames = left_context + chunk_frames + lookahead  # a full window
         self._frames: list[np.ndarray] = []
         self._n_frames = 0
         self._partial: list[int] = []
@@ -106,12 +115,16 @@ class FrameChunker:
             # the first audio comes fast and each later window is ready before the audio already
             # sent has played (generation at idle runs ~3x real time)
             target = min(self.chunk_frames, self.first_chunk_frames << min(self._seq, 16))
+            if self.uniform and target == self.chunk_frames:
+                target += self.left_context - min(self.left_context, self._emitted)
             if self._n_frames - self._emitted - self.lookahead < target:
                 return windows
             windows.append(self._window(self._emitted + target, right=self.lookahead, final=False))
 
     def _window(self, end: int, *, right: int, final: bool) -> Window:
         start = max(0, self._emitted - self.left_context)
+        if final and self.uniform:
+            start = max(0, min(start, end - self.window_frames))
         frames = self.all_frames()[start : end + right]
         window = Window(seq=self._seq, frames=frames, left=self._emitted - start, right=right, final=final)
         self._emitted = end

@@ -769,6 +769,7 @@ class MemoryBound:
                 first_chunk_frames=streaming.first_chunk_for(task.segment),  # the ramp: segment 0 only
                 left_context=streaming.left_context,
                 lookahead=streaming.lookahead,
+                uniform=streaming.uniform,
             )
             frames = family.max_tokens(task.text) // family.layout.codes_per_frame
             codes = family.layout.frames_to_tokens(

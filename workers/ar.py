@@ -44,6 +44,7 @@ class StreamingConfig:
     first_chunk_frames: int
     left_context: int
     lookahead: int
+    uniform: bool = False
 
     @classmethod
     def from_settings(cls, s: Settings, family: CodecLMFamily) -> StreamingConfig:
@@ -51,7 +52,7 @@ class StreamingConfig:
         family's (its codec's measured receptive field)."""
         left = family.left_context_frames if s.left_context_frames is None else s.left_context_frames
         right = family.lookahead_frames if s.lookahead_frames is None else s.lookahead_frames
-        return cls(s.chunk_frames, s.first_chunk_frames, left, right)
+        return cls(s.chunk_frames, s.first_chunk_frames, left, right, s.uniform_windows)
 
     def first_chunk_for(self, segment: int) -> int:
         """The ramp (a small first chunk) only where a listener waits for it: a job's first segment.
@@ -103,6 +104,7 @@ class SegmentSynthesizer:
             first_chunk_frames=s.first_chunk_for(task.segment),
             left_context=s.left_context,
             lookahead=s.lookahead,
+            uniform=s.uniform,
         )
         limits = self.family.runaway
         repeats = RepeatDetector(limits.max_cycle_frames, self.family.repeat_limit_frames)

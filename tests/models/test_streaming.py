@@ -17,9 +17,16 @@ def random_frames(n: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 4096, size=(n, 7), dtype=np.int32)
 
 
-def chunk_all(frames: np.ndarray, *, feed_size: int = 1, chunk=25, first=5, left=4, right=3, stop=True):
+def chunk_all(
+    frames: np.ndarray, *, feed_size: int = 1, chunk=25, first=5, left=4, right=3, stop=True, uniform=False
+):
     chunker = FrameChunker(
-        ORPHEUS_LAYOUT, chunk_frames=chunk, first_chunk_frames=first, left_context=left, lookahead=right
+        ORPHEUS_LAYOUT,
+        chunk_frames=chunk,
+        first_chunk_frames=first,
+        left_context=left,
+        lookahead=right,
+        uniform=uniform,
     )
     tokens = ORPHEUS_LAYOUT.frames_to_tokens(frames) + ([END_OF_SPEECH] if stop else [])
     windows = []
@@ -45,6 +52,43 @@ def test_windows_cover_every_frame_exactly_once(n_frames, feed_size):
     # the ramp: 5, 10, 20, then 25 per window; only the final flush may differ
     assert [w.new_frames for w in windows[:-1]] == [min(25, 5 << k) for k in range(len(windows) - 1)]
     assert chunker.stopped and chunker.dropped_tokens == 0
+
+
+@pytest.mark.parametrize("n_frames", [1, 27, 28, 31, 32, 33, 57, 60, 61, 100, 250])
+@pytest.mark.parametrize("feed_size", [1, 7, 50])
+def test_uniform_windows_are_all_one_length(n_frames, feed_size):
+    """A segment without the ramp: its first window takes 4 more new frames for the left context it
+    cannot have, its final one more left context; every window of a segment at least one window long
+    is 32 frames, and the new frames still cover the segment exactly once."""
+    frames = random_frames(n_frames)
+    chunker, windows = chunk_all(frames, feed_size=feed_size, first=25, uniform=True)
+    assert chunker.window_frames == 4 + 25 + 3
+    new = np.concatenate([w.frames[w.left : w.frames.shape[0] - w.right] for w in windows])
+    np.testing.assert_array_equal(new, frames)
+    assert windows[-1].final and windows[-1].right == 0
+    if n_frames >= 32:
+        assert {w.frames.shape[0] for w in windows} == {32}
+        assert windows[0].left == 0 and windows[0].new_frames == 29
+        assert [w.new_frames for w in windows[1:-1]] == [25] * (len(windows) - 2)
+        assert all(w.left >= 4 for w in windows[1:])
+    else:
+        assert [w.frames.shape[0] for w in windows] == [n_frames]  # one window: the whole segment
+    # the same segment without uniform: windows of up to three lengths (first, steady, final)
+    _, uneven = chunk_all(frames, feed_size=feed_size, first=25)
+    assert len(uneven) >= len(windows)
+
+
+@pytest.mark.parametrize("n_frames", [9, 40, 100])
+def test_uniform_windows_keep_the_ramp(n_frames):
+    """A job's first segment keeps its fast first audio: only its final window changes."""
+    frames = random_frames(n_frames)
+    _, uniform = chunk_all(frames, first=1, uniform=True)
+    _, plain = chunk_all(frames, first=1)
+    assert [w.new_frames for w in uniform] == [w.new_frames for w in plain]
+    for u, p in zip(uniform[:-1], plain[:-1], strict=True):
+        np.testing.assert_array_equal(u.frames, p.frames)
+    if n_frames >= 32:
+        assert uniform[-1].frames.shape[0] == 32 and uniform[-1].left >= plain[-1].left
 
 
 def test_tokens_after_stop_are_ignored_and_partial_frames_dropped():
@@ -78,11 +122,12 @@ def test_tiny_codec_shape(codec):
     assert audio.shape == (1, 3 * 2048) and audio.dtype == np.float32
 
 
+@pytest.mark.parametrize("uniform", [False, True])
 @pytest.mark.parametrize("n_frames", [1, 6, 40, 83])
-def test_streaming_deltas_equal_one_offline_decode(codec, n_frames):
+def test_streaming_deltas_equal_one_offline_decode(codec, n_frames, uniform):
     frames = random_frames(n_frames, seed=n_frames)
     offline = codec.decode_frames(frames[None])[0]
-    _, windows = chunk_all(frames)
+    _, windows = chunk_all(frames, first=25 if uniform else 5, uniform=uniform)
     deltas = codec.decode_windows([(w.frames, w.left, w.right) for w in windows])
     for w, d in zip(windows, deltas, strict=True):
         assert d.shape == (w.new_frames * 2048,) and d.dtype == np.float32

@@ -8,6 +8,7 @@ import asyncio
 
 import fakeredis
 import numpy as np
+import pytest
 
 from fleet.messages import AudioChunk, CodeChunk
 from fleet.names import Names
@@ -23,11 +24,17 @@ from workers.decoder import DecoderWorker
 from workers.runtime import WorkerContext
 from workers.transport import MemoryBroker
 
-TEXT = "# A test\n\nThe gulls argued over the nets. Hale counted crates. It was warm."
+TEXT = (
+    "# A test\n\nThe gulls argued over the nets. Hale counted crates. It was warm. The harbour master walked "
+    "the long stone quay at dawn, counting the boats that had come in overnight and the ones that had not."
+)
 
 
-def test_ar_and_decoder_over_memory_streams_give_the_offline_audio(data_dir, tiny_dir):
-    settings = Settings(redis_url="redis://unused", key_prefix="t", data_dir=data_dir, block_ms=10)
+@pytest.mark.parametrize("uniform", [False, True])
+def test_ar_and_decoder_over_memory_streams_give_the_offline_audio(data_dir, tiny_dir, uniform):
+    settings = Settings(
+        redis_url="redis://unused", key_prefix="t", data_dir=data_dir, block_ms=10, uniform_windows=uniform
+    )
     redis = fakeredis.FakeAsyncRedis()
     names = Names("t")
     store = JobStore(redis, names, events_maxlen=1000, result_ttl_s=60)
@@ -74,3 +81,9 @@ def test_ar_and_decoder_over_memory_streams_give_the_offline_audio(data_dir, tin
         pcm = np.frombuffer(b"".join(a.pcm for a in mine), "<i2")
         assert pcm.size == frames * 2048 == ref.size > 0
         assert np.max(np.abs(pcm.astype(np.int32) - ref)) <= 2, f"segment {segment.index} differs"
+        lengths = [c.frames.shape[0] for c in chunks if c.segment == segment.index]
+        if uniform and segment.index > 0:  # the ramp (segment 0) keeps its growing windows
+            assert set(lengths) == {4 + 25 + 3} if frames >= 32 else lengths == [frames]
+    long = [c.frames.shape[0] for c in chunks if c.segment == len(plan.segments) - 1]
+    assert len(long) >= 3  # the last sentence: a first, steady and final window
+    assert len(set(long)) == 1 if uniform else len(set(long)) > 1
