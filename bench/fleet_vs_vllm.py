@@ -712,6 +712,15 @@ def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int, redis_p
                 f"RESULT decoders' GPU memory at most (MiB, each): {decoder_memory}; in tensors {decoder_tensors}",
                 flush=True,
             )
+        decoding = decoder_work(log_dir)
+        if decoding["batches"]:
+            print(
+                f"RESULT decoders' work (their 10 s stats lines, summed): {decoding['chunks']} chunks in "
+                f"{decoding['batches']} batches ({decoding['chunks'] / decoding['batches']:.1f} per batch), "
+                f"{decoding['audio_s']:.0f} s of audio in {decoding['busy_s']:.1f} s busy "
+                f"({decoding['audio_s'] / max(decoding['busy_s'], 1e-9):.0f}x real time while busy)",
+                flush=True,
+            )
         manifests = (
             [json.loads((settings.storage_dir / JobObjects(j["tenant"], j["id"]).manifest).read_text()) for j in books]
             if complete
@@ -740,6 +749,7 @@ def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int, redis_p
             "pinning": pinning,
             "decoder_gpu_memory_mib": decoder_memory,
             "decoder_gpu_tensor_mib": decoder_tensors,
+            "decoder_work": decoding,
             "texts": texts,
             "manifests": manifests,
         }
@@ -761,6 +771,25 @@ def decoder_gpu_memory_mib(log_dir: Path, tensors: bool = False) -> dict[str, in
         if found:
             peaks[path.stem] = int(found[-1])
     return peaks
+
+
+def decoder_work(log_dir: Path) -> dict[str, float]:
+    """What the decoders did, summed over their stats lines (workers/decoder.py ``DecodeStats.line``,
+    each covering the time since the one before): chunks, batches (reads), seconds of audio and
+    seconds busy decoding. Busy seconds for the same audio are the decoders' share of the GPU."""
+    import re
+
+    pattern = (
+        r"decoder: (\d+) chunks in (\d+) batches \([^)]*\), ([\d.]+) s of audio, busy ([\d.]+)% of ([\d.]+) s"
+    )
+    total = {"chunks": 0, "batches": 0, "audio_s": 0.0, "busy_s": 0.0}
+    for path in sorted(log_dir.glob("decoder-*.log")):
+        for chunks, batches, audio, busy, elapsed in re.findall(pattern, path.read_text(errors="replace")):
+            total["chunks"] += int(chunks)
+            total["batches"] += int(batches)
+            total["audio_s"] += float(audio)
+            total["busy_s"] += float(busy) / 100 * float(elapsed)
+    return total
 
 
 def pause_decoders(args, sup, watcher: StreamWatcher, resources: ResourceSampler, t0: float) -> dict:

@@ -76,8 +76,8 @@ class DecodeStats:
     def line(self, elapsed_s: float) -> str:
         return (
             f"decoder: {self.chunks} chunks in {self.batches} batches ({self.chunks / max(self.batches, 1):.1f} "
-            f"per batch), {self.audio_s:.1f} s of audio, busy {self.busy_s / elapsed_s:.0%} of "
-            f"{elapsed_s:.0f} s ({self.audio_s / max(self.busy_s, 1e-9):.0f}x real time while busy)"
+            f"per batch), {self.audio_s:.1f} s of audio, busy {self.busy_s / elapsed_s:.1%} of "
+            f"{elapsed_s:.1f} s ({self.audio_s / max(self.busy_s, 1e-9):.0f}x real time while busy)"
         )
 
 

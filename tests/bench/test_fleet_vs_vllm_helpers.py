@@ -15,6 +15,7 @@ import numpy as np  # noqa: E402
 from fleet_vs_vllm import (  # noqa: E402
     StreamWatcher,
     decoder_gpu_memory_mib,
+    decoder_work,
     fleet_variant,
     per_window,
     raw_seqs,
@@ -23,6 +24,7 @@ from fleet_vs_vllm import (  # noqa: E402
 )
 
 from fleet.messages import AudioChunk, CodeChunk, SegmentTask  # noqa: E402
+from workers.decoder import DecodeStats  # noqa: E402
 
 
 def test_per_window_is_a_rate_per_window():
@@ -152,3 +154,14 @@ def test_the_host_cpu_line_tells_apart_leases_that_share_a_model_name():
     line = bench.host_line(host)
     assert line.startswith(host["model"]) and host["family_model_stepping"] in line and "Python loop" in line
     assert bench.python_speed(iterations=1000, repeats=1) > 0
+
+
+def test_decoder_work_sums_every_stats_line_of_every_decoder(tmp_path):
+    """The lines as the decoder writes them (DecodeStats.line), one per 10 s, each since the last."""
+    lines = [DecodeStats(3, 40, 85.0, 2.5).line(10.0), DecodeStats(2, 10, 20.0, 0.5).line(10.2)]
+    (tmp_path / "decoder-g0-0.log").write_text("\n".join(f"INFO workers.decoder: {x}" for x in lines) + "\n")
+    (tmp_path / "decoder-g0-1.log").write_text(DecodeStats(1, 5, 8.0, 1.25).line(5.0) + ", GPU memory 9 MiB\n")
+    (tmp_path / "ar-orpheus-0.log").write_text(DecodeStats(1, 99, 1.0, 9.0).line(10.0))  # not a decoder
+    work = decoder_work(tmp_path)
+    assert (work["chunks"], work["batches"], work["audio_s"]) == (55, 6, 113.0)
+    assert work["busy_s"] == pytest.approx(2.5 + 0.5 + 1.25, abs=0.01)
