@@ -1158,6 +1158,7 @@ def fleet_summary(run: dict, change: dict) -> dict:
         "short_jobs_done_s": run["short_jobs_done_s"],
         "first_byte_idle": run["first_byte_idle"],
         "first_byte_loaded": run["first_byte_loaded"],
+        "decoder_work": run["decoder_work"],
     }
 
 
@@ -1591,6 +1592,7 @@ def main() -> int:
         "raw_gpu_memory_utilization": args.raw_gpu_memory_utilization or args.gpu_memory_utilization,
         "raw_order": args.raw_order,
         "decoder_gpu_memory_mib": fleet.get("decoder_gpu_memory_mib"),
+        "decoder_work": fleet.get("decoder_work"),
         "stream_interval": args.stream_interval,
         "fleet_wall_s": fleet["wall_s"],
         "fleet_audio_s": fleet["audio_s"],

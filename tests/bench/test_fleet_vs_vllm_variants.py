@@ -31,6 +31,7 @@ def fake_run(audio_s: float = 20.0, wall_s: float = 10.0, ttfa: float = 0.5) -> 
         "resources_steady": {"cpu_percent": {"api": 30.0, "valkey-node-0": 5.0, "valkey-node-1": 7.0}},
         "queue_peaks": {}, "redis_memory_peak_mb": 1.0, "short_jobs_first_audio_s": [], "short_jobs_done_s": [],
         "first_byte_idle": None, "first_byte_loaded": None, "manifests": [{"segments": [{"samples": 2048 * 10}]}],
+        "decoder_work": {"chunks": 4, "batches": 2, "audio_s": 20.0, "busy_s": 0.5},
     }  # fmt: skip
 
 
@@ -67,6 +68,7 @@ def test_a_variant_gets_its_settings_and_the_parsed_change_stays_whole(monkeypat
     assert summary["tokens_per_s"] == 7.0  # 10 frames x 7 codes in 10 s
     assert summary["redis_cpu_percent"] == 12.0  # the valkey processes only
     assert summary["ar_tokens_per_s_made"] == {"whole": 1400, "steady": None, "tail": 1200}  # the variant's own
+    assert summary["decoder_work"]["busy_s"] == 0.5  # the decoders' GPU time, beside the fleet's
 
 
 @pytest.mark.integration
