@@ -103,7 +103,7 @@ def test_every_narrate_variable_is_a_setting():
         for key in service.get("environment", {})
         if key.startswith("NARRATE_")
     }
-    assert "NARRATE_DECODER_COMPILE" in used
+    assert {"NARRATE_DECODER_COMPILE", "NARRATE_UNIFORM_WINDOWS"} <= used
     assert used - fields == set()
 
 
