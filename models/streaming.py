@@ -123,7 +123,7 @@ class FrameChunker:
 
     def _window(self, end: int, *, right: int, final: bool) -> Window:
         start = max(0, self._emitted - self.left_context)
-        if final and self.uniform:
+        if final and self.uniform and end > self._emitted:  # an empty final window needs no context
             start = max(0, min(start, end - self.window_frames))
         frames = self.all_frames()[start : end + right]
         window = Window(seq=self._seq, frames=frames, left=self._emitted - start, right=right, final=final)

@@ -78,6 +78,14 @@ def test_uniform_windows_are_all_one_length(n_frames, feed_size):
     assert len(uneven) >= len(windows)
 
 
+def test_an_empty_final_window_stays_small():
+    """Without look-ahead a segment can end exactly on a window: its final window has no new frames
+    and is not widened to a full window of context to decode for nothing."""
+    _, windows = chunk_all(random_frames(29 + 25), first=25, right=0, uniform=True)
+    assert [w.new_frames for w in windows] == [29, 25, 0]
+    assert windows[-1].final and windows[-1].frames.shape[0] == 4
+
+
 @pytest.mark.parametrize("n_frames", [9, 40, 100])
 def test_uniform_windows_keep_the_ramp(n_frames):
     """A job's first segment keeps its fast first audio: only its final window changes."""
