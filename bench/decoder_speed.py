@@ -264,22 +264,16 @@ def fleet_windows(uniform: bool, count: int) -> list[tuple[object, int, int]]:
     from fleet.settings import Settings
     from jobs.service import JobRequest, tasks_for, validate
     from models.orpheus import orpheus_family
-    from models.streaming import FrameChunker
+    from workers.ar import StreamingConfig
 
-    family, settings = orpheus_family(name="orpheus"), Settings()
+    family, settings = orpheus_family(name="orpheus"), Settings(uniform_windows=uniform)
+    streaming = StreamingConfig.from_settings(settings, family)  # the family's context: LEFT / RIGHT
     rng = np.random.default_rng(0)
     windows = []
     for j in range(4):
         job, plan = validate(JobRequest(text=book(j, 400), model="tiny"), settings)
         for task in tasks_for(job, plan):
-            chunker = FrameChunker(
-                family.layout,
-                chunk_frames=settings.chunk_frames,
-                first_chunk_frames=settings.first_chunk_frames if task.segment == 0 else settings.chunk_frames,
-                left_context=LEFT,
-                lookahead=RIGHT,
-                uniform=uniform,
-            )
+            chunker = streaming.chunker(family.layout, task.segment)
             codes = rng.integers(0, 4096, size=(family.max_frames(task.text), 7)).astype(np.int32)
             cut = chunker.feed(family.layout.frames_to_tokens(codes)) + chunker.finish()
             windows += [(w.frames, w.left, w.right) for w in cut]

@@ -116,7 +116,7 @@ class FrameChunker:
             # sent has played (generation at idle runs ~3x real time)
             target = min(self.chunk_frames, self.first_chunk_frames << min(self._seq, 16))
             if self.uniform and target == self.chunk_frames:
-                target += self.left_context - min(self.left_context, self._emitted)
+                target += max(0, self.left_context - self._emitted)
             if self._n_frames - self._emitted - self.lookahead < target:
                 return windows
             windows.append(self._window(self._emitted + target, right=self.lookahead, final=False))

@@ -753,7 +753,6 @@ class MemoryBound:
         from fleet.messages import CodeChunk
         from jobs.service import JobRequest, tasks_for, validate
         from models.registry import get_model
-        from models.streaming import FrameChunker
         from workers.ar import StreamingConfig
 
         job, plan = validate(JobRequest(text=text), settings)
@@ -763,14 +762,7 @@ class MemoryBound:
         streaming = StreamingConfig.from_settings(settings, family)  # as the AR worker chunks
 
         def windows(task):  # a segment's windows at its whole token budget (the tiny model never stops)
-            chunker = FrameChunker(
-                family.layout,
-                chunk_frames=streaming.chunk_frames,
-                first_chunk_frames=streaming.first_chunk_for(task.segment),  # the ramp: segment 0 only
-                left_context=streaming.left_context,
-                lookahead=streaming.lookahead,
-                uniform=streaming.uniform,
-            )
+            chunker = streaming.chunker(family.layout, task.segment)  # the ramp: segment 0 only
             frames = family.max_tokens(task.text) // family.layout.codes_per_frame
             codes = family.layout.frames_to_tokens(
                 np.zeros((frames, family.layout.codes_per_frame), np.int32)

@@ -60,6 +60,17 @@ class StreamingConfig:
         ramp would only add windows, i.e. decoder launches and re-decoded context."""
         return self.first_chunk_frames if segment == 0 else self.chunk_frames
 
+    def chunker(self, layout, segment: int) -> FrameChunker:
+        """A new chunker for one segment's codes, as the AR worker cuts them."""
+        return FrameChunker(
+            layout,
+            chunk_frames=self.chunk_frames,
+            first_chunk_frames=self.first_chunk_for(segment),
+            left_context=self.left_context,
+            lookahead=self.lookahead,
+            uniform=self.uniform,
+        )
+
 
 class SegmentSynthesizer:
     """One segment task -> the code windows of its audio, as the engine streams tokens."""
@@ -97,15 +108,7 @@ class SegmentSynthesizer:
     async def windows(self, task: SegmentTask, request_id: str) -> AsyncIterator[list[Window]]:
         """The segment's windows as they become decodable; raises ``RunawayError`` (leaving the
         engine request, which aborts it) when the segment loops or ends without the stop token."""
-        s = self.streaming
-        chunker = FrameChunker(
-            self.family.layout,
-            chunk_frames=s.chunk_frames,
-            first_chunk_frames=s.first_chunk_for(task.segment),
-            left_context=s.left_context,
-            lookahead=s.lookahead,
-            uniform=s.uniform,
-        )
+        chunker = self.streaming.chunker(self.family.layout, task.segment)
         limits = self.family.runaway
         repeats = RepeatDetector(limits.max_cycle_frames, self.family.repeat_limit_frames)
         prompt = self.family.build_prompt(self.tokenizer, task.text, task.voice)
