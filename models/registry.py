@@ -266,6 +266,12 @@ def load_engine(spec: ModelSpec, settings: Settings):
                 "NARRATE_VLLM_QUANTIZATION=fp8 needs a CUDA GPU of compute capability 8.9 or more "
                 "(NARRATE_DEVICE=cuda); vLLM's CPU build has no FP8 weight kernels"
             )
+        if settings.vllm_kv_cache_dtype == "fp8" and settings.device == "cpu" and not cpu_has_fp8_kv_kernels():
+            # vLLM's CPU attention refuses it in a worker process, after the engine has started loading
+            raise ValueError(
+                "NARRATE_VLLM_KV_CACHE_DTYPE=fp8 on the CPU needs an x86 CPU with AVX-512 or AMX "
+                "(vLLM's CPU attention has FP8 cache kernels for those only); this CPU has neither"
+            )
         return VllmEngine(
             spec.checkpoint(settings),
             codes_only_range=codes_only_range(spec, settings),
@@ -279,6 +285,13 @@ def load_engine(spec: ModelSpec, settings: Settings):
             extra_args=vllm_extra_args(settings),
         )
     raise ValueError(f"unknown engine {settings.engine!r} (use 'reference' or 'vllm')")
+
+
+def cpu_has_fp8_kv_kernels() -> bool:
+    """Whether vLLM's CPU build can keep an FP8 KV cache on this machine (its own test, read here)."""
+    import torch
+
+    return bool(torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported())
 
 
 def codes_only_range(spec: ModelSpec, settings: Settings) -> tuple[int, int] | None:

@@ -188,11 +188,12 @@ def test_vllm_errors_map_into_the_engine_interface():
 def test_an_fp8_kv_cache_is_opt_in_and_every_code_stays_valid(tiny_dir, prompts):
     """NARRATE_VLLM_KV_CACHE_DTYPE=fp8 reaches vLLM (its cache is then FP8) and the frame constraint
     still holds; FP8 weights are refused off a GPU with a clear error (vLLM's CPU build lacks the
-    kernels; the H200 bench measures them, labelled apart)."""
+    kernels; the H200 bench measures them, labelled apart). vLLM's CPU attention has FP8 cache
+    kernels for AVX-512 or AMX only: on a CPU with neither, the engine is refused as clearly."""
     require(importlib.util.find_spec("vllm") is not None, "vLLM is not installed")
     from fleet.settings import Settings
     from models.engines.vllm_engine import VllmEngine
-    from models.registry import get_model, load_engine, vllm_extra_args
+    from models.registry import cpu_has_fp8_kv_kernels, get_model, load_engine, vllm_extra_args
 
     assert "kv_cache_dtype" not in (vllm_extra_args(Settings()) or {})  # opt-in
     settings = Settings(vllm_kv_cache_dtype="fp8", vllm_stream_interval=1)
@@ -200,6 +201,15 @@ def test_an_fp8_kv_cache_is_opt_in_and_every_code_stays_valid(tiny_dir, prompts)
     fp8_weights = Settings(engine="vllm", vllm_quantization="fp8", data_dir=tiny_dir.parent, models="tiny")
     with pytest.raises(ValueError, match="needs a CUDA GPU"):
         load_engine(get_model("tiny", fp8_weights), fp8_weights)
+    fp8_cache = Settings(engine="vllm", vllm_kv_cache_dtype="fp8", data_dir=tiny_dir.parent, models="tiny")
+    if not cpu_has_fp8_kv_kernels():  # what vLLM's CPU attention would refuse in its worker process
+        with pytest.raises(ValueError, match="AVX-512 or AMX"):
+            load_engine(get_model("tiny", fp8_cache), fp8_cache)
+        with pytest.raises(RuntimeError, match="Engine core initialization failed"):  # why the check
+            asyncio.run(VllmEngine(tiny_dir, max_num_seqs=4, max_model_len=1024, dtype="float32",
+                                   enforce_eager=VLLM_EAGER, extra_args=vllm_extra_args(settings)).start())  # fmt: skip
+        return
+    assert load_engine(get_model("tiny", fp8_cache), fp8_cache)._engine_kwargs["kv_cache_dtype"] == "fp8"
 
     engine = VllmEngine(tiny_dir, max_num_seqs=4, max_model_len=1024, dtype="float32", enforce_eager=VLLM_EAGER,
                         extra_args=vllm_extra_args(settings))  # fmt: skip
