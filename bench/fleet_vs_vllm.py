@@ -41,6 +41,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import first_byte  # noqa: E402
 
+_STARTED = time.perf_counter()
+
+
+def phase(what: str) -> None:
+    """A line with the seconds since the bench started: where a call's device time goes (fleet
+    starts, the books, raw vLLM's process), so the next call can be planned to fit its limit."""
+    print(f"PHASE +{time.perf_counter() - _STARTED:.0f} s: {what}", flush=True)
+
+
 ORPHEUS_3B_CONFIG = dict(
     architectures=["LlamaForCausalLM"],
     model_type="llama",
@@ -569,6 +578,7 @@ def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int, redis_p
     gpu_sharing = contextlib.ExitStack()  # cuda_mps: this fleet's MPS daemon, quit after its children
     env = {**env, **mps.start_for(settings, gpu_sharing)}
     sup = Supervisor(children, env, log_dir=log_dir)
+    phase(f"fleet starting ({log_dir.name})")
     sup.start()
     base = f"http://127.0.0.1:{port}"
     names = Names(settings.key_prefix)
@@ -619,6 +629,7 @@ def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int, redis_p
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
+        phase("fleet answers /health")
         t = time.perf_counter()
         warm = [submit(book(1000 + i, args.warmup_sentences), seed=i)[0] for i in range(2)]
         wait(warm, args.timeout)
@@ -630,7 +641,7 @@ def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int, redis_p
                 time.sleep(0.5)
             warm = [submit(book(1100 + i, args.warmup_sentences), seed=i)[0] for i in range(2 * ar_workers)]
             wait(warm, args.timeout)  # ... and warm them too, as far as the tasks spread over them
-        print(f"fleet warm after {time.perf_counter() - t:.1f} s", flush=True)
+        phase(f"fleet warm, after {time.perf_counter() - t:.1f} s of warm-up")
         # once the engine core is up (it starts with the AR worker's first minute, after /health)
         pinning = pin_engine_core(sup, args.pin_engine_core) if args.pin_engine_core else None
 
@@ -656,6 +667,7 @@ def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int, redis_p
         texts = [book(i, args.sentences) for i in range(args.jobs)]
         t0 = time.perf_counter()
         ids = [submit(text, seed=i)[0] for i, text in enumerate(texts)]
+        phase("books submitted")
         shorts = ShortJobs(base, settings.default_model, t0, args.short_jobs, args.short_after_s, args.short_every_s)
         first_byte_loaded = None
         if args.first_byte_runs:  # while the books render (the short jobs' thread runs beside)
@@ -670,6 +682,7 @@ def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int, redis_p
         for proc in profilers:
             proc.wait(timeout=60)
         wall = time.perf_counter() - t0
+        phase(f"books done, {wall:.1f} s after their submission")
         complete = all(j["status"] == "done" for j in jobs)
         sampler.stop()
         watcher.stop()
@@ -757,6 +770,7 @@ def run_fleet(args, env: dict, settings, log_dir: Path, ar_workers: int, redis_p
         client.close()
         sup.stop(timeout=30)
         gpu_sharing.close()
+        phase("fleet stopped")
 
 
 def decoder_gpu_memory_mib(log_dir: Path, tensors: bool = False) -> dict[str, int]:
@@ -1299,20 +1313,22 @@ def run_raw(args, fleet: dict) -> dict:
     return {**runs[best], "max_num_seqs": best, "by_max_num_seqs": by_seqs}
 
 
-def phase_in_subprocess(args, fleet: dict, phase: str, extra: list[str] | None = None) -> dict:
+def phase_in_subprocess(args, fleet: dict, which: str, extra: list[str] | None = None) -> dict:
     """Run a phase (offline, async) in a new process, once earlier processes have let go of the GPU;
     ``extra`` arguments come after the bench's own (argparse: the last of an option wins)."""
     import subprocess
 
-    wait_for_free_gpu(args, f"{phase} phase")
+    wait_for_free_gpu(args, f"{which} phase")
     state = Path(args.data_dir) / "fleet-state.json"  # not in --out: only results and logs travel back
     audio_rate = fleet["audio_s"] / fleet["wall_s"]
     state.write_text(
         json.dumps({"texts": fleet["texts"], "manifests": fleet["manifests"], "audio_s_per_s": audio_rate})
     )
-    argv = [sys.executable, __file__, *sys.argv[1:], *(extra or []), "--offline-from", str(state), "--phase", phase]
+    argv = [sys.executable, __file__, *sys.argv[1:], *(extra or []), "--offline-from", str(state), "--phase", which]
+    phase(f"{which} phase starting (its own process)")
     subprocess.run(argv, check=True)
-    return json.loads(state.with_name(f"{phase}.json").read_text())
+    phase(f"{which} phase done")
+    return json.loads(state.with_name(f"{which}.json").read_text())
 
 
 def fleet_env(settings, extra: dict[str, str] | None = None) -> dict[str, str]:
