@@ -28,7 +28,8 @@ holds itself (set at the start: the allocator reads its reclaim threshold once):
 books, every segment at its whole budget, random codes) as FrameChunker cuts them with and without
 ``uniform`` (``uniform_windows``), in reads of ``--read-sizes`` chunks as a decoder takes them off
 the stream, and gives new audio-s/s for each, interleaved ``--repeats`` times (a subset of
-``--window-count`` windows from all over the books):
+``--window-count`` windows from all over the books), each decoded whole and cut to the frames a
+pass keeps past the decoder's first block (``decoder_cut_windows``, the default):
 
     python bench/decoder_speed.py --device cuda --compile --bf16 --windows
 """
@@ -289,7 +290,11 @@ def window_mix(args) -> int:
 
     torch.manual_seed(0)
     dtype = torch.bfloat16 if args.bf16 else torch.float32
-    codec = SnacCodec(SNAC(**SNAC_24KHZ_CONFIG).eval(), LEVELS, device=args.device, compile=args.compile, dtype=dtype)
+    model = SNAC(**SNAC_24KHZ_CONFIG).eval()
+    codecs = {  # the same weights: whole windows (as before decoder_cut_windows) and cut ones
+        decode: SnacCodec(model, LEVELS, device=args.device, compile=args.compile, dtype=dtype, cut=decode == "cut")
+        for decode in ("whole", "cut")
+    }
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     cuts = {"uneven": fleet_windows(False, args.window_count), "uniform": fleet_windows(True, args.window_count)}
     for name, windows in cuts.items():
@@ -300,10 +305,12 @@ def window_mix(args) -> int:
             f"{len(set(lengths))} lengths",
             flush=True,
         )
-    results: dict[str, dict[int, list[float]]] = {name: {} for name in cuts}
+    runs = [(name, decode) for name in cuts for decode in codecs]
+    results: dict[str, dict[int, list[float]]] = {f"{name} {decode}": {} for name, decode in runs}
     for size in [int(r) for r in args.read_sizes.split(",")]:
         for repeat in range(args.repeats + 1):  # the first: warm-up (compilation, allocator)
-            for name, windows in cuts.items():
+            for name, decode in runs:
+                windows, codec = cuts[name], codecs[decode]
                 sync()
                 started = time.perf_counter()
                 audio = 0
@@ -312,15 +319,20 @@ def window_mix(args) -> int:
                 sync()
                 rate = audio / codec.sample_rate / (time.perf_counter() - started)
                 if repeat:
-                    results[name].setdefault(size, []).append(rate)
-        for name in cuts:
+                    results[f"{name} {decode}"].setdefault(size, []).append(rate)
+        median = {key: statistics.median(rates[size]) for key, rates in results.items()}
+        for key, rates in results.items():
             print(
-                f"RESULT windows {name}, reads of {size}: {statistics.median(results[name][size]):.0f} new audio-s/s "
-                f"(median of {args.repeats}: {', '.join(f'{r:.0f}' for r in results[name][size])})",
+                f"RESULT windows {key}, reads of {size}: {median[key]:.0f} new audio-s/s "
+                f"(median of {args.repeats}: {', '.join(f'{r:.0f}' for r in rates[size])})",
                 flush=True,
             )
-        ratio = statistics.median(results["uniform"][size]) / statistics.median(results["uneven"][size])
-        print(f"RESULT windows uniform / uneven, reads of {size}: x{ratio:.3f}", flush=True)
+        for decode in codecs:
+            ratio = median[f"uniform {decode}"] / median[f"uneven {decode}"]
+            print(f"RESULT windows uniform / uneven, {decode}, reads of {size}: x{ratio:.3f}", flush=True)
+        for name in cuts:
+            ratio = median[f"{name} cut"] / median[f"{name} whole"]
+            print(f"RESULT windows cut / whole, {name}, reads of {size}: x{ratio:.3f}", flush=True)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -231,6 +231,10 @@ class Settings(BaseSettings):
     #: Not bit-identical to float32 (the int16 samples move by up to ~1e-2 of full scale on random
     #: weights); off by default.
     decoder_bf16: bool = False
+    #: Past its first block the SNAC decoder runs on the frames a window keeps (and a margin wider
+    #: than what the rest of it sees), not the whole window: the same samples to float rounding, for
+    #: ~20 % less work on a steady window (models/snac_codec.py). Off: whole windows, to compare.
+    decoder_cut_windows: bool = True
     #: Frames of codes one decoder forward pass takes at most: windows of equal length beyond it go
     #: in several passes. SNAC 24 kHz holds ~2.5 MiB of float32 activations per frame decoded
     #: (bench/decoder_speed.py --memory), so 2,048 frames (64 windows of 4 + 25 + 3) peak at ~5 GiB

@@ -243,6 +243,7 @@ def load_codec(spec: ModelSpec, settings: Settings):
         compile=settings.decoder_compile,
         max_frames=settings.decode_max_frames,
         dtype=torch.bfloat16 if settings.decoder_bf16 else torch.float32,
+        cut=settings.decoder_cut_windows,
     )
 
 

@@ -8,7 +8,7 @@ import torch
 from snac import SNAC
 from snac.layers import NoiseBlock
 
-from models.snac_codec import SNAC_24KHZ_CONFIG, SnacCodec
+from models.snac_codec import CUT_MARGIN, SNAC_24KHZ_CONFIG, SnacCodec
 
 LEVELS = [[0], [1, 4], [2, 3, 5, 6]]
 
@@ -46,6 +46,51 @@ def test_the_compiled_decoder_serves_every_window_shape_with_the_same_audio():
         np.testing.assert_allclose(b, a, atol=2e-5)
 
 
+def test_past_the_cut_the_decoder_sees_half_the_margin_either_way():
+    """CUT_MARGIN's ground: a change at one position after the first decoder block moves the audio of
+    8 positions either way (64 samples each) and nothing beyond; the margin is twice that."""
+    codec = SnacCodec(published(), LEVELS)
+    with torch.inference_mode():
+        x = codec._front(codec.model.quantizer.from_codes(codec._codes(torch.as_tensor(codes(1, 32)).long())))
+        assert x.shape[-1] == 32 * 32  # 32 positions a frame there
+        audio = codec._back(x)[0, 0]
+        nudged = x.clone()
+        nudged[..., 500] += 1.0
+        moved = torch.nonzero((codec._back(nudged)[0, 0] - audio).abs() > 1e-7).flatten()
+    reach = max(500 - moved.min().item() // 64, moved.max().item() // 64 - 500)
+    assert 0 < reach <= CUT_MARGIN // 2, reach
+
+
+@pytest.mark.parametrize("left, right", [(4, 3), (0, 3), (20, 0), (4, 0), (0, 0), (9, 9), (16, 16)])
+def test_a_window_cut_to_its_kept_frames_gives_the_samples_of_the_whole_windows_decode(left, right):
+    """decode_frames' keep: the later blocks run on the kept frames and the margin only (a steady
+    window, a first one, uniform windows' final ones with more context, none kept at all); the
+    samples are those of the whole window's decode, to float rounding."""
+    codec = SnacCodec(published(), LEVELS)
+    frames = codes(1, 32, seed=left * 100 + right)
+    whole = codec.decode_frames(frames)[0]
+    kept = codec.decode_frames(frames, (left, 32 - right))[0]
+    assert kept.shape == ((32 - left - right) * 2048,)
+    np.testing.assert_allclose(kept, whole[left * 2048 : (32 - right) * 2048], atol=2e-6)
+
+
+def test_a_pass_of_windows_with_other_contexts_keeps_each_windows_own_samples():
+    """A batched pass is cut from the first frame any of its windows keeps to the last: each window
+    still gets exactly its new frames' samples, as when decoded whole and alone."""
+    codec = SnacCodec(published(), LEVELS, max_batch=8)
+    contexts = [(4, 3), (6, 3), (23, 0), (4, 3)]  # steady, steady with more context, a final one
+    windows = [(codes(1, 32, seed=i)[0], left, right) for i, (left, right) in enumerate(contexts)]
+    passes = []
+    decode_frames = codec.decode_frames
+    codec.decode_frames = lambda frames, keep=None: passes.append(keep) or decode_frames(frames, keep)
+    audio = codec.decode_windows(windows)
+    assert passes == [(4, 32)]  # one pass: from the first frame a window keeps to the final window's end
+    whole = SnacCodec(published(), LEVELS)
+    for (frames, left, right), got in zip(windows, audio, strict=True):
+        expected = whole.decode_frames(frames[None])[0][left * 2048 : (32 - right) * 2048]
+        np.testing.assert_allclose(got, expected, atol=2e-6)
+
+
 def test_a_batch_over_the_frame_limit_is_decoded_in_passes_with_the_same_audio():
     """decode_max_frames bounds a forward pass's activations (~2.5 MiB a frame): windows of equal
     length beyond it go in several passes, each window's audio as when decoded alone."""
@@ -54,7 +99,7 @@ def test_a_batch_over_the_frame_limit_is_decoded_in_passes_with_the_same_audio()
     assert SnacCodec(published(), LEVELS, max_batch=8).windows_per_pass(10) == 8  # no frame limit
     passes = []
     decode_frames = codec.decode_frames
-    codec.decode_frames = lambda frames: passes.append(frames.shape) or decode_frames(frames)
+    codec.decode_frames = lambda frames, keep=None: passes.append(frames.shape) or decode_frames(frames, keep)
     windows = [(codes(1, 10, seed=i)[0], 2, 3) for i in range(5)] + [(codes(1, 7, seed=9)[0], 2, 0)]
     audio = codec.decode_windows(windows)
     # five windows of 10 frames in passes of 2, 2, 1; the one of 7 alone
