@@ -323,8 +323,8 @@ def window_mix(args) -> int:
         median = {key: statistics.median(rates[size]) for key, rates in results.items()}
         for key, rates in results.items():
             print(
-                f"RESULT windows {key}, reads of {size}: {median[key]:.0f} new audio-s/s "
-                f"(median of {args.repeats}: {', '.join(f'{r:.0f}' for r in rates[size])})",
+                f"RESULT windows {key}, reads of {size}: {median[key]:.1f} new audio-s/s "
+                f"(median of {args.repeats}: {', '.join(f'{r:.1f}' for r in rates[size])})",
                 flush=True,
             )
         for decode in codecs:
