@@ -131,12 +131,13 @@ class SnacCodec:
         n = batch.shape[1]
         first, end = keep or (0, n)
         x = self._front(self.model.quantizer.from_codes(self._codes(batch)))  # [B, C, n * per_frame]
-        per_frame = x.shape[-1] // n if n else 0
+        per_frame = x.shape[-1] // n
         lo, hi = 0, x.shape[-1]
         if self._cut and keep is not None:
             lo, hi = max(0, first * per_frame - CUT_MARGIN), min(hi, end * per_frame + CUT_MARGIN)
-        audio = self._back(x[..., lo:hi])  # [B, 1, (hi - lo) * samples per position]
-        start = first * self.samples_per_frame - lo * (self.samples_per_frame // max(per_frame, 1))
+        audio = self._back(x[..., lo:hi])  # [B, 1, (hi - lo) * per_position]
+        per_position = self.samples_per_frame // per_frame
+        start = (first * per_frame - lo) * per_position
         return audio[:, 0, start : start + (end - first) * self.samples_per_frame].float().cpu().numpy()
 
     def decode_windows(self, windows: Sequence[tuple[np.ndarray, int, int]]) -> list[np.ndarray]:
