@@ -18,13 +18,16 @@ the CPU: they run at 3–24 kHz) run on those frames and a margin, not on the wh
 made after its first block (375 positions a second, 32 a frame), where the rest of the decoder sees
 8 positions either way (measured; the margin is twice that), so the kept samples are the same as
 from the whole window's decode, to float rounding (~5e-7). For a steady window (4 + 25 + 3 frames)
-that is 26 of 32 frames through the later blocks.
+that is 26 of 32 frames through the later blocks. Past the cut a window's length no longer matters,
+only its span, so a batch of windows is decoded in two stages: the first block batched by window
+length, the rest batched by span (``decode_windows``).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +58,19 @@ SNAC_24KHZ_CONFIG = dict(
 )
 
 
+@dataclass
+class _Span:
+    """A window between the decoder's two stages: its state after the first block and the
+    positions ``lo..hi-1`` the later blocks need for its ``kept`` positions from ``first``."""
+
+    window: int  # its index in decode_windows' input
+    x: torch.Tensor  # [C, positions]
+    lo: int
+    hi: int
+    first: int
+    kept: int
+
+
 class SnacCodec:
     def __init__(
         self,
@@ -66,6 +82,7 @@ class SnacCodec:
         max_frames: int | None = None,
         dtype: torch.dtype = torch.float32,
         cut: bool = True,
+        pass_fill: float = 0.75,
     ) -> None:
         for _name, module in list(model.named_modules()):
             for child_name, child in list(module.named_children()):
@@ -97,6 +114,10 @@ class SnacCodec:
         self.sample_rate = int(model.sampling_rate)
         self.samples_per_frame = int(model.hop_length * model.vq_strides[0])
         self.codes_per_frame = sum(len(level) for level in self.levels)
+        # positions after the first block: the later blocks upsample each to this many samples
+        self._samples_per_position = int(np.prod(model.decoder_rates[1:]))
+        self._positions_per_frame = self.samples_per_frame // self._samples_per_position
+        self.pass_fill = pass_fill
         self.max_batch = max_batch or (1 if device == "cpu" else 256)
         # activations grow with the frames of a pass (~2.5 MiB each for SNAC 24 kHz in float32)
         self.max_frames = max_frames
@@ -122,52 +143,94 @@ class SnacCodec:
         # device index tensors: indexing with a Python list would copy it to the device each call
         return [frames.index_select(2, index).reshape(frames.shape[0], -1) for index in self._level_index]
 
+    def _front_of(self, frames: np.ndarray) -> torch.Tensor:
+        """[B, n, codes_per_frame] codes -> the decoder's state after its first block, [B, C, n * 32]."""
+        batch = torch.as_tensor(np.ascontiguousarray(frames), dtype=torch.long, device=self.device)
+        return self._front(self.model.quantizer.from_codes(self._codes(batch)))
+
+    def _back_of(self, x: torch.Tensor) -> np.ndarray:
+        """[B, C, positions] -> [B, positions * samples a position] float32 audio on the host."""
+        return self._back(x)[:, 0].float().cpu().numpy()
+
+    def _span(self, positions: int, first: int, end: int) -> tuple[int, int]:
+        """Of a window's ``positions`` after the first block, those the later blocks need for its
+        frames first..end-1: theirs and the margin (all of them where the decoder is not cut)."""
+        if not self._cut:
+            return 0, positions
+        per_frame = self._positions_per_frame
+        return max(0, first * per_frame - CUT_MARGIN), min(positions, end * per_frame + CUT_MARGIN)
+
     @torch.inference_mode()
     def decode_frames(self, frames: np.ndarray, keep: tuple[int, int] | None = None) -> np.ndarray:
         """Decode [B, n, codes_per_frame] codes to [B, n * samples_per_frame] float32 audio, or, with
         ``keep`` = (first, end), the samples of frames first..end-1 only, [B, (end - first) * samples_per_frame]
         (the decoder's later blocks then run on those frames and a margin)."""
-        batch = torch.as_tensor(np.ascontiguousarray(frames), dtype=torch.long, device=self.device)
-        n = batch.shape[1]
+        n = frames.shape[1]
         first, end = keep or (0, n)
-        x = self._front(self.model.quantizer.from_codes(self._codes(batch)))  # [B, C, n * per_frame]
-        per_frame = x.shape[-1] // n
-        lo, hi = 0, x.shape[-1]
-        if self._cut and keep is not None:
-            lo, hi = max(0, first * per_frame - CUT_MARGIN), min(hi, end * per_frame + CUT_MARGIN)
-        audio = self._back(x[..., lo:hi])  # [B, 1, (hi - lo) * per_position]
-        per_position = self.samples_per_frame // per_frame
-        start = (first * per_frame - lo) * per_position
-        return audio[:, 0, start : start + (end - first) * self.samples_per_frame].float().cpu().numpy()
+        x = self._front_of(frames)
+        lo, hi = self._span(x.shape[-1], first, end) if keep else (0, x.shape[-1])
+        start = (first * self._positions_per_frame - lo) * self._samples_per_position
+        return self._back_of(x[..., lo:hi])[:, start : start + (end - first) * self.samples_per_frame]
 
+    @torch.inference_mode()
     def decode_windows(self, windows: Sequence[tuple[np.ndarray, int, int]]) -> list[np.ndarray]:
         """Decode windows (frames, left, right) and keep only the new frames' samples of each.
 
-        Windows of the same length are decoded as one batch (in several passes where it would hold
-        more than ``max_batch`` windows or ``max_frames`` frames); each window is trimmed of its left
-        context and look-ahead, so consecutive windows of one segment concatenate seamlessly. A pass
-        decodes from the first frame any of its windows keeps to the last (``decode_frames``' keep).
+        Each window is trimmed of its left context and look-ahead, so consecutive windows of one
+        segment concatenate seamlessly. Two stages, each batched as wide as ``max_batch`` and
+        ``max_frames`` allow: the first block runs on whole windows, batched by length (it needs the
+        codes of the whole window); the later blocks run on each window's kept frames and the margin
+        (``_span``), batched by that span whatever the window's length, a window cut wider (into
+        more of its own context) where it joins a pass of longer spans. A window that keeps nothing
+        is not decoded.
         """
-        out: list[np.ndarray | None] = [None] * len(windows)
+        out: list[np.ndarray] = [np.zeros(0, dtype=np.float32)] * len(windows)
         by_length: dict[int, list[int]] = defaultdict(list)
-        for i, (frames, _, _) in enumerate(windows):
-            by_length[int(frames.shape[0])].append(i)
-        hop = self.samples_per_frame
+        for i, (frames, left, right) in enumerate(windows):
+            if frames.shape[0] - left - right > 0:
+                by_length[int(frames.shape[0])].append(i)
+        spans: list[_Span] = []
         for length, idx in by_length.items():
-            if length == 0:
-                for i in idx:
-                    out[i] = np.zeros(0, dtype=np.float32)
-                continue
             per_pass = self.windows_per_pass(length)
             for start in range(0, len(idx), per_pass):
                 part = idx[start : start + per_pass]
-                first = min(windows[i][1] for i in part)
-                end = max(length - windows[i][2] for i in part)
-                audio = self.decode_frames(np.stack([windows[i][0] for i in part]), (first, end))
+                x = self._front_of(np.stack([windows[i][0] for i in part]))
+                per_frame = self._positions_per_frame
                 for row, i in enumerate(part):
                     _, left, right = windows[i]
-                    out[i] = audio[row, (left - first) * hop : (length - right - first) * hop]
-        return out  # type: ignore[return-value]
+                    lo, hi = self._span(x.shape[-1], left, length - right)
+                    spans.append(
+                        _Span(i, x[row], lo, hi, left * per_frame, (length - left - right) * per_frame)
+                    )
+        per_position = self._samples_per_position
+        for group, positions in self._back_passes(spans):
+            # a span cut wider than it needs takes more of its own window's context, on the side
+            # there is some
+            starts = [min(span.lo, span.x.shape[-1] - positions) for span in group]
+            audio = self._back_of(
+                torch.stack([span.x[:, s : s + positions] for span, s in zip(group, starts, strict=True)])
+            )
+            for span, s, row in zip(group, starts, audio, strict=True):
+                begin = (span.first - s) * per_position
+                out[span.window] = row[begin : begin + span.kept * per_position]
+        return out
+
+    def _back_passes(self, spans: list[_Span]) -> list[tuple[list[_Span], int]]:
+        """The later blocks' passes: the widest span left sets a pass's width; it takes the spans at
+        least ``pass_fill`` of that wide whose windows are as wide (each is cut that wide, into its own
+        context), as many as ``max_batch`` and ``max_frames`` allow."""
+        pending = sorted(spans, key=lambda span: span.hi - span.lo, reverse=True)
+        passes = []
+        while pending:
+            positions = pending[0].hi - pending[0].lo
+            limit = self.windows_per_pass(-(-positions // self._positions_per_frame))
+            group, rest = [], []
+            for span in pending:
+                fits = span.x.shape[-1] >= positions and span.hi - span.lo >= self.pass_fill * positions
+                (group if fits and len(group) < limit else rest).append(span)
+            passes.append((group, positions))
+            pending = rest
+        return passes
 
     def windows_per_pass(self, length: int) -> int:
         """How many windows of ``length`` frames one forward pass decodes."""

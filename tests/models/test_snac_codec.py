@@ -74,36 +74,73 @@ def test_a_window_cut_to_its_kept_frames_gives_the_samples_of_the_whole_windows_
     np.testing.assert_allclose(kept, whole[left * 2048 : (32 - right) * 2048], atol=2e-6)
 
 
+def passes_of(codec: SnacCodec) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """Records the shapes of the decoder's passes through its first block and through the rest."""
+    fronts, backs = [], []
+    front_of, back_of = codec._front_of, codec._back_of
+    codec._front_of = lambda frames: fronts.append(frames.shape) or front_of(frames)
+    codec._back_of = lambda x: backs.append(tuple(x.shape)) or back_of(x)
+    return fronts, backs
+
+
 def test_a_pass_of_windows_with_other_contexts_keeps_each_windows_own_samples():
-    """A batched pass is cut from the first frame any of its windows keeps to the last: each window
-    still gets exactly its new frames' samples, as when decoded whole and alone."""
+    """Windows of one length and other contexts go through the first block together and through
+    the rest cut to their own kept frames: each still gets exactly its new frames' samples, as when
+    decoded whole and alone."""
     codec = SnacCodec(published(), LEVELS, max_batch=8)
     contexts = [(4, 3), (6, 3), (23, 0), (4, 3)]  # steady, steady with more context, a final one
     windows = [(codes(1, 32, seed=i)[0], left, right) for i, (left, right) in enumerate(contexts)]
-    passes = []
-    decode_frames = codec.decode_frames
-    codec.decode_frames = lambda frames, keep=None: passes.append(keep) or decode_frames(frames, keep)
+    fronts, backs = passes_of(codec)
     audio = codec.decode_windows(windows)
-    assert passes == [(4, 32)]  # one pass: from the first frame a window keeps to the final window's end
+    assert fronts == [(4, 32, 7)]
+    # 25 kept frames + the margin (the widest): the three steady windows; the final one (9 frames)
+    # is under pass_fill of that and goes alone
+    assert backs == [(3, 512, 25 * 32 + 2 * CUT_MARGIN), (1, 512, 9 * 32 + CUT_MARGIN)]
     whole = SnacCodec(published(), LEVELS)
     for (frames, left, right), got in zip(windows, audio, strict=True):
         expected = whole.decode_frames(frames[None])[0][left * 2048 : (32 - right) * 2048]
         np.testing.assert_allclose(got, expected, atol=2e-6)
 
 
+def test_windows_of_other_lengths_share_the_later_blocks_cut_to_one_span():
+    """Past the first block a window's length no longer matters, only what it keeps: windows of
+    three lengths go through the rest in one pass, each cut as wide as the widest span (into its
+    own context). A window shorter than that span, and one whose span is under pass_fill of it, go
+    in passes of their own; windows that keep nothing are not decoded."""
+    codec = SnacCodec(published(), LEVELS, max_batch=8)
+    shapes = [(32, 4, 3), (28, 0, 3), (30, 4, 0), (24, 0, 0), (20, 4, 0), (6, 0, 3), (32, 29, 3), (12, 12, 0)]
+    windows = [(codes(1, n, seed=i)[0], left, right) for i, (n, left, right) in enumerate(shapes)]
+    fronts, backs = passes_of(codec)
+    audio = codec.decode_windows(windows)
+    assert sorted(fronts) == [(1, n, 7) for n in (6, 20, 24, 28, 30, 32)]
+    assert backs == [
+        (3, 512, 26 * 32 + CUT_MARGIN),  # 26 frames + the left margin; 25 + both; 25 + the right one
+        (1, 512, 24 * 32),  # its whole window: wide enough to join, too short to be cut that wide
+        (1, 512, 16 * 32 + CUT_MARGIN),  # under pass_fill of either span before it
+        (1, 512, 3 * 32 + CUT_MARGIN),
+    ]
+    assert [len(a) for a in audio[-2:]] == [0, 0]
+    whole = SnacCodec(published(), LEVELS)
+    for (frames, left, right), got in zip(windows, audio, strict=True):
+        n = frames.shape[0]
+        expected = whole.decode_frames(frames[None])[0][left * 2048 : (n - right) * 2048]
+        assert got.shape == expected.shape
+        np.testing.assert_allclose(got, expected, atol=2e-6)
+
+
 def test_a_batch_over_the_frame_limit_is_decoded_in_passes_with_the_same_audio():
-    """decode_max_frames bounds a forward pass's activations (~2.5 MiB a frame): windows of equal
-    length beyond it go in several passes, each window's audio as when decoded alone."""
+    """decode_max_frames bounds a forward pass's activations (~2.5 MiB a frame): windows beyond it go
+    in several passes, each window's audio as when decoded alone."""
     codec = SnacCodec(published(), LEVELS, max_batch=8, max_frames=20)
     assert [codec.windows_per_pass(n) for n in (7, 10, 11, 25)] == [2, 2, 1, 1]
     assert SnacCodec(published(), LEVELS, max_batch=8).windows_per_pass(10) == 8  # no frame limit
-    passes = []
-    decode_frames = codec.decode_frames
-    codec.decode_frames = lambda frames, keep=None: passes.append(frames.shape) or decode_frames(frames, keep)
+    fronts, backs = passes_of(codec)
     windows = [(codes(1, 10, seed=i)[0], 2, 3) for i in range(5)] + [(codes(1, 7, seed=9)[0], 2, 0)]
     audio = codec.decode_windows(windows)
     # five windows of 10 frames in passes of 2, 2, 1; the one of 7 alone
-    assert sorted(passes) == [(1, 7, 7), (1, 10, 7), (2, 10, 7), (2, 10, 7)]
+    assert sorted(fronts) == [(1, 7, 7), (1, 10, 7), (2, 10, 7), (2, 10, 7)]
+    # past the first block 5 frames + the margins (~6 frames): 3 a pass
+    assert backs == [(3, 512, 5 * 32 + 2 * CUT_MARGIN), (3, 512, 5 * 32 + 2 * CUT_MARGIN)]
     alone = SnacCodec(published(), LEVELS)  # max_batch 1 on the CPU: one window per pass
     for (frames, left, right), got in zip(windows, audio, strict=True):
         expected = alone.decode_windows([(frames, left, right)])[0]
