@@ -29,7 +29,8 @@ books, every segment at its whole budget, random codes) as FrameChunker cuts the
 ``uniform`` (``uniform_windows``), in reads of ``--read-sizes`` chunks as a decoder takes them off
 the stream, and gives new audio-s/s for each, interleaved ``--repeats`` times (a subset of
 ``--window-count`` windows from all over the books), each decoded whole and cut to the frames a
-pass keeps past the decoder's first block (``decoder_cut_windows``, the default):
+window keeps past the decoder's first block (``decoder_cut_windows``, the default), with the passes
+through the first block and through the rest per read, and the frames through the rest per new frame:
 
     python bench/decoder_speed.py --device cuda --compile --bf16 --windows
 """
@@ -62,7 +63,9 @@ def main() -> int:
     parser.add_argument("--memory", action="store_true", help="peak memory instead of speed (above)")
     parser.add_argument("--memory-limit-gb", type=float, default=None)
     parser.add_argument("--mix-batches", type=int, default=400, help="with --memory on a GPU")
-    parser.add_argument("--decode-batch", type=int, default=64, help="with --memory: windows per batch at most")
+    parser.add_argument(
+        "--decode-batch", type=int, default=64, help="with --memory: windows per batch at most"
+    )
     parser.add_argument("--max-frames", type=int, default=None, help="with --memory: decode_max_frames")
     parser.add_argument("--windows", action="store_true", help="the fleet's windows, uniform or not (above)")
     parser.add_argument("--read-sizes", default="8,32", help="with --windows: chunks per decoder read")
@@ -99,7 +102,9 @@ def main() -> int:
     codec = SnacCodec(model(), LEVELS, device=args.device)
     variants = {"snac": snac_decode, "fleet": codec.decode_frames}
     if args.bf16:  # as NARRATE_DECODER_BF16=1 runs it: weights and activations in bfloat16
-        variants["fleet_bf16"] = SnacCodec(model(), LEVELS, device=args.device, dtype=torch.bfloat16).decode_frames
+        variants["fleet_bf16"] = SnacCodec(
+            model(), LEVELS, device=args.device, dtype=torch.bfloat16
+        ).decode_frames
     if args.compile:  # as NARRATE_DECODER_COMPILE=1 runs it (dynamic shapes)
         variants["fleet_compiled"] = SnacCodec(
             model(), LEVELS, device=args.device, compile=True
@@ -172,7 +177,9 @@ def memory(args) -> int:
     limited = limit_gpu_memory(args.memory_limit_gb, args.device)  # before the first allocation
     print(f"RESULT decoder memory limit: {limited or 'none'}", flush=True)
     torch.manual_seed(0)
-    codec = SnacCodec(SNAC(**SNAC_24KHZ_CONFIG).eval(), LEVELS, device=args.device, max_frames=args.max_frames)
+    codec = SnacCodec(
+        SNAC(**SNAC_24KHZ_CONFIG).eval(), LEVELS, device=args.device, max_frames=args.max_frames
+    )
 
     class LiveTensors(TorchDispatchMode):
         """The bytes of tensors alive at once: every op's new storages, until they are freed."""
@@ -224,7 +231,9 @@ def memory(args) -> int:
             for _ in range(int(rng.integers(1, args.decode_batch + 1))):
                 new = NEW if rng.random() < 0.7 else int(rng.integers(1, NEW + 1))  # final windows: shorter
                 right = RIGHT if new == NEW else 0
-                windows.append((rng.integers(0, 4096, size=(LEFT + new + right, 7)).astype(np.int32), LEFT, right))
+                windows.append(
+                    (rng.integers(0, 4096, size=(LEFT + new + right, 7)).astype(np.int32), LEFT, right)
+                )
                 audio_s += new * codec.samples_per_frame / codec.sample_rate
             codec.decode_windows(windows)
         torch.cuda.synchronize()
@@ -249,7 +258,9 @@ def memory(args) -> int:
         out.mkdir(parents=True, exist_ok=True)
         name = f"decoder_memory{'_limit' if limited else ''}.json"
         (out / name).write_text(
-            json.dumps({"device": args.device, "limit": limited, "per_frame_bytes": per_frame, "mix": mix}, indent=2)
+            json.dumps(
+                {"device": args.device, "limit": limited, "per_frame_bytes": per_frame, "mix": mix}, indent=2
+            )
         )
     return 0
 
@@ -282,6 +293,34 @@ def fleet_windows(uniform: bool, count: int) -> list[tuple[object, int, int]]:
     return windows[:count]
 
 
+class PassCounter:
+    """Counts a codec's passes through its first block and through the rest, and the positions of
+    the latter, from now on (wraps the codec's two stages)."""
+
+    def __init__(self, codec) -> None:
+        self.front = self.back = self.back_positions = 0
+        self.positions_per_frame = codec._positions_per_frame
+        front_of, back_of = codec._front_of, codec._back_of
+
+        def front(frames):
+            self.front += 1
+            return front_of(frames)
+
+        def back(x):
+            self.back += 1
+            self.back_positions += x.shape[0] * x.shape[-1]
+            return back_of(x)
+
+        codec._front_of, codec._back_of = front, back
+
+    def summary(self, reads: int, new_frames: float) -> dict[str, float]:
+        return {
+            "front_passes_a_read": self.front / reads,
+            "back_passes_a_read": self.back / reads,
+            "back_frames_a_new_frame": self.back_positions / self.positions_per_frame / new_frames,
+        }
+
+
 def window_mix(args) -> int:
     import torch
     from snac import SNAC
@@ -292,11 +331,16 @@ def window_mix(args) -> int:
     dtype = torch.bfloat16 if args.bf16 else torch.float32
     model = SNAC(**SNAC_24KHZ_CONFIG).eval()
     codecs = {  # the same weights: whole windows (as before decoder_cut_windows) and cut ones
-        decode: SnacCodec(model, LEVELS, device=args.device, compile=args.compile, dtype=dtype, cut=decode == "cut")
+        decode: SnacCodec(
+            model, LEVELS, device=args.device, compile=args.compile, dtype=dtype, cut=decode == "cut"
+        )
         for decode in ("whole", "cut")
     }
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
-    cuts = {"uneven": fleet_windows(False, args.window_count), "uniform": fleet_windows(True, args.window_count)}
+    cuts = {
+        "uneven": fleet_windows(False, args.window_count),
+        "uniform": fleet_windows(True, args.window_count),
+    }
     for name, windows in cuts.items():
         lengths = [w[0].shape[0] for w in windows]
         print(
@@ -307,10 +351,12 @@ def window_mix(args) -> int:
         )
     runs = [(name, decode) for name in cuts for decode in codecs]
     results: dict[str, dict[int, list[float]]] = {f"{name} {decode}": {} for name, decode in runs}
+    shapes: dict[str, dict[int, dict[str, float]]] = {f"{name} {decode}": {} for name, decode in runs}
     for size in [int(r) for r in args.read_sizes.split(",")]:
         for repeat in range(args.repeats + 1):  # the first: warm-up (compilation, allocator)
             for name, decode in runs:
                 windows, codec = cuts[name], codecs[decode]
+                passes = PassCounter(codec) if not repeat else None
                 sync()
                 started = time.perf_counter()
                 audio = 0
@@ -320,6 +366,17 @@ def window_mix(args) -> int:
                 rate = audio / codec.sample_rate / (time.perf_counter() - started)
                 if repeat:
                     results[f"{name} {decode}"].setdefault(size, []).append(rate)
+                else:
+                    reads = -(-len(windows) // size)
+                    shapes[f"{name} {decode}"][size] = shape = passes.summary(
+                        reads, audio / codec.samples_per_frame
+                    )
+                    print(
+                        f"RESULT windows {name} {decode}, reads of {size}: {shape['front_passes_a_read']:.2f} passes "
+                        f"through the first block a read, {shape['back_passes_a_read']:.2f} through the rest, "
+                        f"{shape['back_frames_a_new_frame']:.3f} frames through the rest a new frame",
+                        flush=True,
+                    )
         median = {key: statistics.median(rates[size]) for key, rates in results.items()}
         for key, rates in results.items():
             print(
@@ -337,7 +394,16 @@ def window_mix(args) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "decoder_windows.json").write_text(
-            json.dumps({"device": args.device, "compile": args.compile, "bf16": args.bf16, "rates": results}, indent=2)
+            json.dumps(
+                {
+                    "device": args.device,
+                    "compile": args.compile,
+                    "bf16": args.bf16,
+                    "rates": results,
+                    "passes": shapes,
+                },
+                indent=2,
+            )
         )
     return 0
 
