@@ -30,7 +30,8 @@ books, every segment at its whole budget, random codes) as FrameChunker cuts the
 the stream, and gives new audio-s/s for each, interleaved ``--repeats`` times (a subset of
 ``--window-count`` windows from all over the books), each decoded whole and cut to the frames a
 window keeps past the decoder's first block (``decoder_cut_windows``, the default), with the passes
-through the first block and through the rest per read, and the frames through the rest per new frame:
+through the first block and through the rest per read, and the frames through the rest per new frame
+(on the CPU also as a GPU decoder would batch them; ``--plan-only``: those alone, nothing decoded):
 
     python bench/decoder_speed.py --device cuda --compile --bf16 --windows
 """
@@ -38,6 +39,7 @@ through the first block and through the rest per read, and the frames through th
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -70,6 +72,7 @@ def main() -> int:
     parser.add_argument("--windows", action="store_true", help="the fleet's windows, uniform or not (above)")
     parser.add_argument("--read-sizes", default="8,32", help="with --windows: chunks per decoder read")
     parser.add_argument("--window-count", type=int, default=2000, help="with --windows")
+    parser.add_argument("--plan-only", action="store_true", help="with --windows: the passes only, no decoding")
     args = parser.parse_args()
     if args.memory:
         return memory(args)
@@ -293,38 +296,23 @@ def fleet_windows(uniform: bool, count: int) -> list[tuple[object, int, int]]:
     return windows[:count]
 
 
-class PassCounter:
-    """Counts a codec's passes through its first block and through the rest, and the positions of
-    the latter, from now on (wraps the codec's two stages)."""
-
-    def __init__(self, codec) -> None:
-        self.front = self.back = self.back_positions = 0
-        self.positions_per_frame = codec._positions_per_frame
-        front_of, back_of = codec._front_of, codec._back_of
-
-        def front(frames):
-            self.front += 1
-            return front_of(frames)
-
-        def back(x):
-            self.back += 1
-            self.back_positions += x.shape[0] * x.shape[-1]
-            return back_of(x)
-
-        codec._front_of, codec._back_of = front, back
-
-    def summary(self, reads: int, new_frames: float) -> dict[str, float]:
-        return {
-            "front_passes_a_read": self.front / reads,
-            "back_passes_a_read": self.back / reads,
-            "back_frames_a_new_frame": self.back_positions / self.positions_per_frame / new_frames,
-        }
+def plan_summary(codec, windows: list, size: int) -> dict[str, float]:
+    """How ``codec`` batches ``windows`` read ``size`` at a time (SnacCodec.plan): passes through the
+    decoder's first block and through the rest per read, frames through the rest per new frame."""
+    plans = [codec.plan(windows[i : i + size]) for i in range(0, len(windows), size)]
+    new = sum(w[0].shape[0] - w[1] - w[2] for w in windows)
+    return {
+        "front_passes_a_read": sum(len(p.front) for p in plans) / len(plans),
+        "back_passes_a_read": sum(len(p.back) for p in plans) / len(plans),
+        "back_frames_a_new_frame": sum(p.back_frames() for p in plans) / new,
+    }
 
 
 def window_mix(args) -> int:
     import torch
     from snac import SNAC
 
+    from fleet.settings import Settings
     from models.snac_codec import SNAC_24KHZ_CONFIG, SnacCodec
 
     torch.manual_seed(0)
@@ -350,13 +338,35 @@ def window_mix(args) -> int:
             flush=True,
         )
     runs = [(name, decode) for name in cuts for decode in codecs]
+    planners = {"timed": codecs}  # and, on the CPU (one window a pass), as a GPU decoder batches
+    if not args.device.startswith("cuda"):
+        planners["as on a GPU"] = {
+            decode: SnacCodec(
+                model, LEVELS, max_batch=256, max_frames=Settings().decode_max_frames, cut=decode == "cut"
+            )
+            for decode in codecs
+        }
     results: dict[str, dict[int, list[float]]] = {f"{name} {decode}": {} for name, decode in runs}
-    shapes: dict[str, dict[int, dict[str, float]]] = {f"{name} {decode}": {} for name, decode in runs}
+    shapes: dict[str, dict[int, dict[str, dict[str, float]]]] = {
+        f"{name} {decode}": {} for name, decode in runs
+    }
     for size in [int(r) for r in args.read_sizes.split(",")]:
+        for (name, decode), (planner, plan_codecs) in itertools.product(runs, planners.items()):
+            shapes[f"{name} {decode}"].setdefault(size, {})[planner] = plan = plan_summary(
+                plan_codecs[decode], cuts[name], size
+            )
+            print(
+                f"RESULT windows {name} {decode}, reads of {size}, batched {planner}: "
+                f"{plan['front_passes_a_read']:.2f} passes through the first block a read, "
+                f"{plan['back_passes_a_read']:.2f} through the rest, "
+                f"{plan['back_frames_a_new_frame']:.3f} frames through the rest a new frame",
+                flush=True,
+            )
+        if args.plan_only:
+            continue
         for repeat in range(args.repeats + 1):  # the first: warm-up (compilation, allocator)
             for name, decode in runs:
                 windows, codec = cuts[name], codecs[decode]
-                passes = PassCounter(codec) if not repeat else None
                 sync()
                 started = time.perf_counter()
                 audio = 0
@@ -366,17 +376,6 @@ def window_mix(args) -> int:
                 rate = audio / codec.sample_rate / (time.perf_counter() - started)
                 if repeat:
                     results[f"{name} {decode}"].setdefault(size, []).append(rate)
-                else:
-                    reads = -(-len(windows) // size)
-                    shapes[f"{name} {decode}"][size] = shape = passes.summary(
-                        reads, audio / codec.samples_per_frame
-                    )
-                    print(
-                        f"RESULT windows {name} {decode}, reads of {size}: {shape['front_passes_a_read']:.2f} passes "
-                        f"through the first block a read, {shape['back_passes_a_read']:.2f} through the rest, "
-                        f"{shape['back_frames_a_new_frame']:.3f} frames through the rest a new frame",
-                        flush=True,
-                    )
         median = {key: statistics.median(rates[size]) for key, rates in results.items()}
         for key, rates in results.items():
             print(

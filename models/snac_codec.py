@@ -60,15 +60,33 @@ SNAC_24KHZ_CONFIG = dict(
 
 @dataclass
 class _Span:
-    """A window between the decoder's two stages: its state after the first block and the
-    positions ``lo..hi-1`` the later blocks need for its ``kept`` positions from ``first``."""
+    """A window as the decoder's later blocks see it: of its ``positions`` after the first block
+    (32 a frame), they need ``lo..hi-1`` for its ``kept`` positions from ``first``."""
 
     window: int  # its index in decode_windows' input
-    x: torch.Tensor  # [C, positions]
+    positions: int
     lo: int
     hi: int
     first: int
     kept: int
+
+    @property
+    def width(self) -> int:
+        return self.hi - self.lo
+
+
+@dataclass
+class DecodePlan:
+    """How decode_windows batches a set of windows: its passes through the first block (windows,
+    frames each) and through the rest (windows, positions each)."""
+
+    front: list[tuple[int, int]]
+    back: list[tuple[int, int]]
+    positions_per_frame: int
+
+    def back_frames(self) -> float:
+        """Frames through the later blocks (32 positions each), margins and wider cuts included."""
+        return sum(rows * width for rows, width in self.back) / self.positions_per_frame
 
 
 class SnacCodec:
@@ -181,54 +199,82 @@ class SnacCodec:
         ``max_frames`` allow: the first block runs on whole windows, batched by length (it needs the
         codes of the whole window); the later blocks run on each window's kept frames and the margin
         (``_span``), batched by that span whatever the window's length, a window cut wider (into
-        more of its own context) where it joins a pass of longer spans. A window that keeps nothing
-        is not decoded.
+        more of its own context) where it joins a pass of wider spans (``_back_passes``). A window
+        that keeps nothing is not decoded.
         """
         out: list[np.ndarray] = [np.zeros(0, dtype=np.float32)] * len(windows)
-        by_length: dict[int, list[int]] = defaultdict(list)
-        for i, (frames, left, right) in enumerate(windows):
-            if frames.shape[0] - left - right > 0:
-                by_length[int(frames.shape[0])].append(i)
-        spans: list[_Span] = []
-        for length, idx in by_length.items():
-            per_pass = self.windows_per_pass(length)
-            for start in range(0, len(idx), per_pass):
-                part = idx[start : start + per_pass]
-                x = self._front_of(np.stack([windows[i][0] for i in part]))
-                per_frame = self._positions_per_frame
-                for row, i in enumerate(part):
-                    _, left, right = windows[i]
-                    lo, hi = self._span(x.shape[-1], left, length - right)
-                    spans.append(
-                        _Span(i, x[row], lo, hi, left * per_frame, (length - left - right) * per_frame)
-                    )
+        spans = self._spans(windows)
+        state: dict[int, torch.Tensor] = {}  # a window's state after the first block, [C, positions]
+        for part in self._front_passes(windows, spans):
+            x = self._front_of(np.stack([windows[i][0] for i in part]))
+            state.update((i, x[row]) for row, i in enumerate(part))
         per_position = self._samples_per_position
-        for group, positions in self._back_passes(spans):
+        for group, width in self._back_passes(spans):
             # a span cut wider than it needs takes more of its own window's context, on the side
             # there is some
-            starts = [min(span.lo, span.x.shape[-1] - positions) for span in group]
+            starts = [min(span.lo, span.positions - width) for span in group]
             audio = self._back_of(
-                torch.stack([span.x[:, s : s + positions] for span, s in zip(group, starts, strict=True)])
+                torch.stack(
+                    [state[span.window][:, s : s + width] for span, s in zip(group, starts, strict=True)]
+                )
             )
             for span, s, row in zip(group, starts, audio, strict=True):
                 begin = (span.first - s) * per_position
                 out[span.window] = row[begin : begin + span.kept * per_position]
         return out
 
+    def plan(self, windows: Sequence[tuple[np.ndarray, int, int]]) -> DecodePlan:
+        """How decode_windows would batch these windows, without decoding them."""
+        spans = self._spans(windows)
+        front = [
+            (len(part), int(windows[part[0]][0].shape[0])) for part in self._front_passes(windows, spans)
+        ]
+        back = [(len(group), width) for group, width in self._back_passes(spans)]
+        return DecodePlan(front, back, self._positions_per_frame)
+
+    def _spans(self, windows: Sequence[tuple[np.ndarray, int, int]]) -> list[_Span]:
+        """The windows that keep a frame, as the later blocks see them."""
+        spans = []
+        per_frame = self._positions_per_frame
+        for i, (frames, left, right) in enumerate(windows):
+            length = int(frames.shape[0])
+            if length - left - right > 0:
+                lo, hi = self._span(length * per_frame, left, length - right)
+                spans.append(
+                    _Span(
+                        i, length * per_frame, lo, hi, left * per_frame, (length - left - right) * per_frame
+                    )
+                )
+        return spans
+
+    def _front_passes(
+        self, windows: Sequence[tuple[np.ndarray, int, int]], spans: list[_Span]
+    ) -> list[list[int]]:
+        """The first block's passes: windows of one length together, as many as fit a pass."""
+        by_length: dict[int, list[int]] = defaultdict(list)
+        for span in spans:
+            by_length[int(windows[span.window][0].shape[0])].append(span.window)
+        passes = []
+        for length, idx in by_length.items():
+            per_pass = self.windows_per_pass(length)
+            passes += [idx[start : start + per_pass] for start in range(0, len(idx), per_pass)]
+        return passes
+
     def _back_passes(self, spans: list[_Span]) -> list[tuple[list[_Span], int]]:
         """The later blocks' passes: the widest span left sets a pass's width; it takes the spans at
         least ``pass_fill`` of that wide whose windows are as wide (each is cut that wide, into its own
         context), as many as ``max_batch`` and ``max_frames`` allow."""
-        pending = sorted(spans, key=lambda span: span.hi - span.lo, reverse=True)
+        pending = sorted(spans, key=lambda span: span.width, reverse=True)
         passes = []
         while pending:
-            positions = pending[0].hi - pending[0].lo
-            limit = self.windows_per_pass(-(-positions // self._positions_per_frame))
-            group, rest = [], []
+            width = pending[0].width
+            limit = self.windows_per_pass(-(-width // self._positions_per_frame))
+            group: list[_Span] = []
+            rest: list[_Span] = []
             for span in pending:
-                fits = span.x.shape[-1] >= positions and span.hi - span.lo >= self.pass_fill * positions
+                fits = span.positions >= width and span.width >= self.pass_fill * width
                 (group if fits and len(group) < limit else rest).append(span)
-            passes.append((group, positions))
+            passes.append((group, width))
             pending = rest
         return passes
 

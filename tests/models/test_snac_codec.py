@@ -120,6 +120,10 @@ def test_windows_of_other_lengths_share_the_later_blocks_cut_to_one_span():
         (1, 512, 3 * 32 + CUT_MARGIN),
     ]
     assert [len(a) for a in audio[-2:]] == [0, 0]
+    plan = codec.plan(windows)  # the same passes, planned without decoding
+    assert sorted(plan.front) == [(rows, n) for rows, n, _ in sorted(fronts)]
+    assert plan.back == [(rows, width) for rows, _, width in backs]
+    assert plan.back_frames() == sum(rows * width for rows, _, width in backs) / 32
     whole = SnacCodec(published(), LEVELS)
     for (frames, left, right), got in zip(windows, audio, strict=True):
         n = frames.shape[0]
