@@ -135,6 +135,7 @@ class SnacCodec:
         # positions after the first block: the later blocks upsample each to this many samples
         self._samples_per_position = int(np.prod(model.decoder_rates[1:]))
         self._positions_per_frame = self.samples_per_frame // self._samples_per_position
+        # past the first block a window joins a pass of spans up to 1 / pass_fill as wide as its own
         self.pass_fill = pass_fill
         self.max_batch = max_batch or (1 if device == "cpu" else 256)
         # activations grow with the frames of a pass (~2.5 MiB each for SNAC 24 kHz in float32)
@@ -205,9 +206,9 @@ class SnacCodec:
         out: list[np.ndarray] = [np.zeros(0, dtype=np.float32)] * len(windows)
         spans = self._spans(windows)
         state: dict[int, torch.Tensor] = {}  # a window's state after the first block, [C, positions]
-        for part in self._front_passes(windows, spans):
-            x = self._front_of(np.stack([windows[i][0] for i in part]))
-            state.update((i, x[row]) for row, i in enumerate(part))
+        for part in self._front_passes(spans):
+            x = self._front_of(np.stack([windows[span.window][0] for span in part]))
+            state.update((span.window, x[row]) for row, span in enumerate(part))
         per_position = self._samples_per_position
         for group, width in self._back_passes(spans):
             # a span cut wider than it needs takes more of its own window's context, on the side
@@ -226,9 +227,7 @@ class SnacCodec:
     def plan(self, windows: Sequence[tuple[np.ndarray, int, int]]) -> DecodePlan:
         """How decode_windows would batch these windows, without decoding them."""
         spans = self._spans(windows)
-        front = [
-            (len(part), int(windows[part[0]][0].shape[0])) for part in self._front_passes(windows, spans)
-        ]
+        front = [(len(part), part[0].positions // self._positions_per_frame) for part in self._front_passes(spans)]
         back = [(len(group), width) for group, width in self._back_passes(spans)]
         return DecodePlan(front, back, self._positions_per_frame)
 
@@ -247,17 +246,15 @@ class SnacCodec:
                 )
         return spans
 
-    def _front_passes(
-        self, windows: Sequence[tuple[np.ndarray, int, int]], spans: list[_Span]
-    ) -> list[list[int]]:
+    def _front_passes(self, spans: list[_Span]) -> list[list[_Span]]:
         """The first block's passes: windows of one length together, as many as fit a pass."""
-        by_length: dict[int, list[int]] = defaultdict(list)
+        by_length: dict[int, list[_Span]] = defaultdict(list)
         for span in spans:
-            by_length[int(windows[span.window][0].shape[0])].append(span.window)
+            by_length[span.positions].append(span)
         passes = []
-        for length, idx in by_length.items():
-            per_pass = self.windows_per_pass(length)
-            passes += [idx[start : start + per_pass] for start in range(0, len(idx), per_pass)]
+        for positions, same in by_length.items():
+            per_pass = self.windows_per_pass(positions // self._positions_per_frame)
+            passes += [same[start : start + per_pass] for start in range(0, len(same), per_pass)]
         return passes
 
     def _back_passes(self, spans: list[_Span]) -> list[tuple[list[_Span], int]]:
