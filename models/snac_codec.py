@@ -10,8 +10,8 @@ On the CPU, windows are decoded one at a time: batching there gains nothing (one
 frames decodes faster alone than in a batch of 8) and batched float32 convolutions are not
 batch-invariant (oneDNN picks kernels by shape, so a window's samples move in the last bits with its
 neighbours, flipping int16 LSBs). One at a time, with one intra-op thread (NARRATE_TORCH_THREADS=1,
-the default), a window's audio depends only on its codes. On GPUs windows of equal length are
-decoded in batches of up to 256 (not promised bit-identical across batch compositions).
+the default), a window's audio depends only on its codes. On GPUs windows are decoded in batches
+of up to 256 (below; not promised bit-identical across batch compositions).
 
 Only the new frames' audio of a window is kept, so the decoder's later blocks (~90 % of its work on
 the CPU: they run at 3–24 kHz) run on those frames and a margin, not on the whole window: the cut is
