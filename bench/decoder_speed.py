@@ -29,7 +29,9 @@ books, every segment at its whole budget, random codes) as FrameChunker cuts the
 ``uniform`` (``uniform_windows``), in reads of ``--read-sizes`` chunks as a decoder takes them off
 the stream, and gives new audio-s/s for each, interleaved ``--repeats`` times (a subset of
 ``--window-count`` windows from all over the books), each decoded whole and cut to the frames a
-window keeps past the decoder's first block (``decoder_cut_windows``, the default), with the passes
+window keeps past the decoder's first block (``decoder_cut_windows``, the default; the later blocks'
+passes grouped as the fleet's decoder groups them, by ``decode_pass_cost_frames``, and ``cut@N`` as
+a pass cost of N frames would group them, ``--pass-costs``; 0: the fewest frames), with the passes
 through the first block and through the rest per read, and the frames through the rest per new frame
 (on the CPU also as a GPU decoder would batch them; ``--plan-only``: those alone, nothing decoded):
 
@@ -73,6 +75,9 @@ def main() -> int:
     parser.add_argument("--read-sizes", default="8,32", help="with --windows: chunks per decoder read")
     parser.add_argument("--window-count", type=int, default=2000, help="with --windows")
     parser.add_argument("--plan-only", action="store_true", help="with --windows: the passes only, no decoding")
+    parser.add_argument(
+        "--pass-costs", default="0", help="with --windows: also cut windows grouped with these pass costs (frames)"
+    )
     args = parser.parse_args()
     if args.memory:
         return memory(args)
@@ -318,11 +323,14 @@ def window_mix(args) -> int:
     torch.manual_seed(0)
     dtype = torch.bfloat16 if args.bf16 else torch.float32
     model = SNAC(**SNAC_24KHZ_CONFIG).eval()
-    codecs = {  # the same weights: whole windows (as before decoder_cut_windows) and cut ones
-        decode: SnacCodec(
-            model, LEVELS, device=args.device, compile=args.compile, dtype=dtype, cut=decode == "cut"
-        )
-        for decode in ("whole", "cut")
+    # the same weights: whole windows (as before decoder_cut_windows), cut ones as the fleet groups
+    # them, and cut ones grouped with other costs of a pass (--pass-costs; 0: the fewest frames)
+    decodes: dict[str, dict] = {"whole": {"cut": False}, "cut": {"cut": True}}
+    for cost in [float(c) for c in args.pass_costs.split(",") if c]:
+        decodes[f"cut@{cost:g}"] = {"cut": True, "pass_cost_frames": cost}
+    codecs = {
+        decode: SnacCodec(model, LEVELS, device=args.device, compile=args.compile, dtype=dtype, **kwargs)
+        for decode, kwargs in decodes.items()
     }
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     cuts = {
@@ -341,10 +349,8 @@ def window_mix(args) -> int:
     planners = {"timed": codecs}  # and, on the CPU (one window a pass), as a GPU decoder batches
     if not args.device.startswith("cuda"):
         planners["as on a GPU"] = {
-            decode: SnacCodec(
-                model, LEVELS, max_batch=256, max_frames=Settings().decode_max_frames, cut=decode == "cut"
-            )
-            for decode in codecs
+            decode: SnacCodec(model, LEVELS, max_batch=256, max_frames=Settings().decode_max_frames, **kwargs)
+            for decode, kwargs in decodes.items()
         }
     results: dict[str, dict[int, list[float]]] = {f"{name} {decode}": {} for name, decode in runs}
     shapes: dict[str, dict[int, dict[str, dict[str, float]]]] = {
@@ -386,9 +392,10 @@ def window_mix(args) -> int:
         for decode in codecs:
             ratio = median[f"uniform {decode}"] / median[f"uneven {decode}"]
             print(f"RESULT windows uniform / uneven, {decode}, reads of {size}: x{ratio:.3f}", flush=True)
-        for name in cuts:
-            ratio = median[f"{name} cut"] / median[f"{name} whole"]
-            print(f"RESULT windows cut / whole, {name}, reads of {size}: x{ratio:.3f}", flush=True)
+        for name, decode in itertools.product(cuts, codecs):
+            if decode != "whole":
+                ratio = median[f"{name} {decode}"] / median[f"{name} whole"]
+                print(f"RESULT windows {decode} / whole, {name}, reads of {size}: x{ratio:.3f}", flush=True)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

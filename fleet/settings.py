@@ -235,6 +235,11 @@ class Settings(BaseSettings):
     #: than what the rest of it sees), not the whole window: the same samples to float rounding, for
     #: ~20 % less work on a steady window (models/snac_codec.py). Off: whole windows, to compare.
     decoder_cut_windows: bool = True
+    #: What one GPU pass through the decoder's later blocks costs beyond its frames, in frames: a
+    #: decoder groups cut windows into the passes of least frames + passes x this. ~1.6 ms a pass
+    #: against ~20 us a frame on an H100 (compiled, bfloat16, bench/decoder_speed.py --windows, session
+    #: 27); 0 groups for the fewest frames, whatever the passes. A CPU decoder decodes one window a pass.
+    decode_pass_cost_frames: float = Field(default=78.0, ge=0)
     #: Frames of codes one decoder forward pass takes at most: windows of equal length beyond it go
     #: in several passes. SNAC 24 kHz holds ~2.5 MiB of float32 activations per frame decoded
     #: (bench/decoder_speed.py --memory), so 2,048 frames (64 windows of 4 + 25 + 3) peak at ~5 GiB

@@ -244,6 +244,7 @@ def load_codec(spec: ModelSpec, settings: Settings):
         max_frames=settings.decode_max_frames,
         dtype=torch.bfloat16 if settings.decoder_bf16 else torch.float32,
         cut=settings.decoder_cut_windows,
+        pass_cost_frames=settings.decode_pass_cost_frames,
     )
 
 

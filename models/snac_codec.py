@@ -20,7 +20,9 @@ made after its first block (375 positions a second, 32 a frame), where the rest 
 from the whole window's decode, to float rounding (~5e-7). For a steady window (4 + 25 + 3 frames)
 that is 26 of 32 frames through the later blocks. Past the cut a window's length no longer matters,
 only its span, so a batch of windows is decoded in two stages: the first block batched by window
-length, the rest batched by span (``decode_windows``).
+length, the rest batched by span (``decode_windows``). How the spans are grouped weighs the frames a
+grouping runs against the passes it takes: on a GPU each pass costs as much as tens of frames
+(``PASS_COST_FRAMES``), so many narrow passes can be slower than a few wide ones.
 """
 
 from __future__ import annotations
@@ -39,6 +41,16 @@ from torch.nn.utils import parametrize
 #: After the first decoder block of SNAC 24 kHz, positions a later block's output depends on, either
 #: way: 8 (tests/models/test_snac_codec.py), doubled. A window is cut there to its kept frames +- this.
 CUT_MARGIN = 16
+
+#: What one pass through the later blocks costs beyond its frames, in frames (``decode_pass_cost_frames``):
+#: on an H100 (compiled, bfloat16; session 27, bench/decoder_speed.py --windows) ~1.6 ms a pass against
+#: ~20 us a frame, fitted to the bench's cut/whole pairs of reads of 8, and predicting those of reads
+#: of 32 within ~0.04 s of 1.7-2.9 s. Any cost from 32 to 150 groups the fleet's uneven windows alike.
+PASS_COST_FRAMES = 78.0
+
+#: Groupings of the spans the later blocks' passes are chosen from: a span joins a pass at least this
+#: share of the pass's width (0: any span its window can hold; 1: only spans as wide).
+_FILLS = (0.0, 0.5, 0.75, 0.9, 1.0)
 
 #: The shape of SNAC 24 kHz as Orpheus uses it (hubertsiuzdak/snac_24khz's config.json): 19.8 M
 #: parameters, hop 512, codebooks of 4096 at strides 4/2/1 -> 1 + 2 + 4 codes per 2048-sample frame.
@@ -100,7 +112,7 @@ class SnacCodec:
         max_frames: int | None = None,
         dtype: torch.dtype = torch.float32,
         cut: bool = True,
-        pass_fill: float = 0.75,
+        pass_cost_frames: float = PASS_COST_FRAMES,
     ) -> None:
         for _name, module in list(model.named_modules()):
             for child_name, child in list(module.named_children()):
@@ -135,8 +147,8 @@ class SnacCodec:
         # positions after the first block: the later blocks upsample each to this many samples
         self._samples_per_position = int(np.prod(model.decoder_rates[1:]))
         self._positions_per_frame = self.samples_per_frame // self._samples_per_position
-        # past the first block a window joins a pass of spans up to 1 / pass_fill as wide as its own
-        self.pass_fill = pass_fill
+        # past the first block spans are grouped into passes to the least frames + passes x this
+        self.pass_cost_positions = pass_cost_frames * self._positions_per_frame
         self.max_batch = max_batch or (1 if device == "cpu" else 256)
         # activations grow with the frames of a pass (~2.5 MiB each for SNAC 24 kHz in float32)
         self.max_frames = max_frames
@@ -152,10 +164,11 @@ class SnacCodec:
         max_frames: int | None = None,
         dtype: torch.dtype = torch.float32,
         cut: bool = True,
+        pass_cost_frames: float = PASS_COST_FRAMES,
     ) -> SnacCodec:
         """Load a codec directory as the snac package saves it (config.json + pytorch_model.bin)."""
         model = SNAC.from_pretrained(str(directory))
-        return cls(model, levels, device, max_batch, compile, max_frames, dtype, cut)
+        return cls(model, levels, device, max_batch, compile, max_frames, dtype, cut, pass_cost_frames)
 
     def _codes(self, frames: torch.Tensor) -> list[torch.Tensor]:
         # frames: [B, n, codes_per_frame] -> one [B, n * len(level)] tensor per level, frame-major
@@ -200,7 +213,8 @@ class SnacCodec:
         ``max_frames`` allow: the first block runs on whole windows, batched by length (it needs the
         codes of the whole window); the later blocks run on each window's kept frames and the margin
         (``_span``), batched by that span whatever the window's length, a window cut wider (into
-        more of its own context) where it joins a pass of wider spans (``_back_passes``). A window
+        more of its own context) where it joins a pass of wider spans (``_back_passes``: frames
+        against passes, ``pass_cost_frames``). A window
         that keeps nothing is not decoded.
         """
         out: list[np.ndarray] = [np.zeros(0, dtype=np.float32)] * len(windows)
@@ -258,9 +272,21 @@ class SnacCodec:
         return passes
 
     def _back_passes(self, spans: list[_Span]) -> list[tuple[list[_Span], int]]:
-        """The later blocks' passes: the widest span left sets a pass's width; it takes the spans at
-        least ``pass_fill`` of that wide whose windows are as wide (each is cut that wide, into its own
-        context), as many as ``max_batch`` and ``max_frames`` allow."""
+        """The later blocks' passes: of the groupings ``_grouped`` makes (one a fill in ``_FILLS``),
+        the one of least cost, each pass costing its positions and ``pass_cost_positions``."""
+        best: list[tuple[list[_Span], int]] = []
+        best_cost = float("inf")
+        for fill in _FILLS:
+            passes = self._grouped(spans, fill)
+            cost = sum(self.pass_cost_positions + len(group) * width for group, width in passes)
+            if cost < best_cost:
+                best, best_cost = passes, cost
+        return best
+
+    def _grouped(self, spans: list[_Span], fill: float) -> list[tuple[list[_Span], int]]:
+        """The widest span left sets a pass's width; it takes the spans at least ``fill`` of that wide
+        whose windows are as wide (each is cut that wide, into its own context), as many as
+        ``max_batch`` and ``max_frames`` allow."""
         pending = sorted(spans, key=lambda span: span.width, reverse=True)
         passes = []
         while pending:
@@ -269,7 +295,7 @@ class SnacCodec:
             group: list[_Span] = []
             rest: list[_Span] = []
             for span in pending:
-                fits = span.positions >= width and span.width >= self.pass_fill * width
+                fits = span.positions >= width and span.width >= fill * width
                 (group if fits and len(group) < limit else rest).append(span)
             passes.append((group, width))
             pending = rest

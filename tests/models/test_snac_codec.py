@@ -8,7 +8,7 @@ import torch
 from snac import SNAC
 from snac.layers import NoiseBlock
 
-from models.snac_codec import CUT_MARGIN, SNAC_24KHZ_CONFIG, SnacCodec
+from models.snac_codec import CUT_MARGIN, PASS_COST_FRAMES, SNAC_24KHZ_CONFIG, SnacCodec
 
 LEVELS = [[0], [1, 4], [2, 3, 5, 6]]
 
@@ -83,19 +83,24 @@ def passes_of(codec: SnacCodec) -> tuple[list[tuple[int, ...]], list[tuple[int, 
     return fronts, backs
 
 
-def test_a_pass_of_windows_with_other_contexts_keeps_each_windows_own_samples():
+@pytest.mark.parametrize("pass_cost_frames", [0.0, PASS_COST_FRAMES])
+def test_a_pass_of_windows_with_other_contexts_keeps_each_windows_own_samples(pass_cost_frames):
     """Windows of one length and other contexts go through the first block together and through
     the rest cut to their own kept frames: each still gets exactly its new frames' samples, as when
-    decoded whole and alone."""
-    codec = SnacCodec(published(), LEVELS, max_batch=8)
+    decoded whole and alone. Whether the windows that keep fewer frames (23, 9) join the steady
+    ones' pass (cut as wide, into their own context) or go alone is the cost of a pass against the
+    frames it saves."""
+    codec = SnacCodec(published(), LEVELS, max_batch=8, pass_cost_frames=pass_cost_frames)
     contexts = [(4, 3), (6, 3), (23, 0), (4, 3)]  # steady, steady with more context, a final one
     windows = [(codes(1, 32, seed=i)[0], left, right) for i, (left, right) in enumerate(contexts)]
     fronts, backs = passes_of(codec)
     audio = codec.decode_windows(windows)
     assert fronts == [(4, 32, 7)]
-    # 25 kept frames + the margin (the widest): the three steady windows; the final one (9 frames)
-    # is under pass_fill of that and goes alone
-    assert backs == [(3, 512, 25 * 32 + 2 * CUT_MARGIN), (1, 512, 9 * 32 + CUT_MARGIN)]
+    steady = 25 * 32 + 2 * CUT_MARGIN  # 25 kept frames + the margins: the widest span
+    if pass_cost_frames == 0:  # frames alone count: each span goes at its own width
+        assert backs == [(2, 512, steady), (1, 512, 23 * 32 + 2 * CUT_MARGIN), (1, 512, 9 * 32 + CUT_MARGIN)]
+    else:  # a pass costs more than the 18.5 frames the other two passes would save
+        assert backs == [(4, 512, steady)]
     whole = SnacCodec(published(), LEVELS)
     for (frames, left, right), got in zip(windows, audio, strict=True):
         expected = whole.decode_frames(frames[None])[0][left * 2048 : (32 - right) * 2048]
@@ -105,8 +110,9 @@ def test_a_pass_of_windows_with_other_contexts_keeps_each_windows_own_samples():
 def test_windows_of_other_lengths_share_the_later_blocks_cut_to_one_span():
     """Past the first block a window's length no longer matters, only what it keeps: windows of
     three lengths go through the rest in one pass, each cut as wide as the widest span (into its
-    own context). A window shorter than that span, and one whose span is under pass_fill of it, go
-    in passes of their own; windows that keep nothing are not decoded."""
+    own context). A window shorter than a pass's span goes in a pass of its own. (With a pass
+    costing 78 frames this beats cutting each of the six spans to its own width: that saves 1.5
+    frames for two passes more.) Windows that keep nothing are not decoded."""
     codec = SnacCodec(published(), LEVELS, max_batch=8)
     shapes = [(32, 4, 3), (28, 0, 3), (30, 4, 0), (24, 0, 0), (20, 4, 0), (6, 0, 3), (32, 29, 3), (12, 12, 0)]
     windows = [(codes(1, n, seed=i)[0], left, right) for i, (n, left, right) in enumerate(shapes)]
@@ -116,7 +122,7 @@ def test_windows_of_other_lengths_share_the_later_blocks_cut_to_one_span():
     assert backs == [
         (3, 512, 26 * 32 + CUT_MARGIN),  # 26 frames + the left margin; 25 + both; 25 + the right one
         (1, 512, 24 * 32),  # its whole window: wide enough to join, too short to be cut that wide
-        (1, 512, 16 * 32 + CUT_MARGIN),  # under pass_fill of either span before it
+        (1, 512, 16 * 32 + CUT_MARGIN),  # its window is shorter than the spans before it
         (1, 512, 3 * 32 + CUT_MARGIN),
     ]
     assert [len(a) for a in audio[-2:]] == [0, 0]
@@ -172,9 +178,11 @@ def test_decoder_bf16_loads_the_models_codec_in_bfloat16(make_settings, monkeypa
     from models.registry import get_model, load_codec
 
     monkeypatch.setenv("NARRATE_DECODER_BF16", "1")  # as an operator sets it
+    monkeypatch.setenv("NARRATE_DECODE_PASS_COST_FRAMES", "12.5")
     settings = make_settings("unused:")
     assert settings.decoder_bf16
     codec = load_codec(get_model("tiny", settings), settings)
     assert codec.dtype == torch.bfloat16 and {p.dtype for p in codec.model.parameters()} == {torch.bfloat16}
+    assert codec.pass_cost_positions == 12.5 * 32
     audio = codec.decode_windows([(codes(1, 8)[0], 2, 2)])[0]
     assert audio.dtype == np.float32 and audio.shape == (4 * 2048,) and np.isfinite(audio).all()

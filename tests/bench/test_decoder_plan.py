@@ -1,0 +1,45 @@
+"""bench/decoder_speed.py --windows --plan-only: how a GPU decoder would group the fleet bench's
+windows into passes (counted on the CPU, nothing decoded), the figures behind
+``decode_pass_cost_frames``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parents[2]
+
+
+def test_a_pass_cost_trades_frames_for_fewer_passes_on_the_fleets_windows(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "bench/decoder_speed.py", "--windows", "--plan-only", "--window-count", "400"]
+        + ["--read-sizes", "32", "--pass-costs", "0", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    passes = json.loads((tmp_path / "decoder_windows.json").read_text())["passes"]
+    for windows in ("uniform", "uneven"):
+        plans = {
+            decode: passes[f"{windows} {decode}"]["32"]["as on a GPU"] for decode in ("whole", "cut", "cut@0")
+        }
+        whole, cut, fewest = plans["whole"], plans["cut"], plans["cut@0"]
+        # grouped for the fewest frames: fewer frames than the fleet's grouping, in more passes
+        assert (
+            fewest["back_frames_a_new_frame"]
+            < cut["back_frames_a_new_frame"]
+            < whole["back_frames_a_new_frame"]
+        )
+        assert fewest["back_passes_a_read"] > cut["back_passes_a_read"]
+        # the first block sees whole windows, however the rest is grouped
+        assert fewest["front_passes_a_read"] == cut["front_passes_a_read"] == whole["front_passes_a_read"]
+    uniform = passes["uniform cut"]["32"]["as on a GPU"]
+    # windows of one length: the fleet's grouping cuts them in about one pass a read, as whole windows go
+    assert (
+        uniform["back_passes_a_read"]
+        < 1.5 * passes["uniform whole"]["32"]["as on a GPU"]["back_passes_a_read"]
+    )
