@@ -33,7 +33,10 @@ window keeps past the decoder's first block (``decoder_cut_windows``, the defaul
 passes grouped as the fleet's decoder groups them, by ``decode_pass_cost_frames``, and ``cut@N`` as
 a pass cost of N frames would group them, ``--pass-costs``; 0: the fewest frames), with the passes
 through the first block and through the rest per read, and the frames through the rest per new frame
-(on the CPU also as a GPU decoder would batch them; ``--plan-only``: those alone, nothing decoded):
+(on the CPU also as a GPU decoder would batch them; ``--plan-only``: those alone, nothing decoded;
+``--device-time``: each decoded once more under torch.profiler, the kernels' time summed, which is
+what the decoder takes from AR engines beside it on one GPU, where the wall time also counts
+launching the kernels):
 
     python bench/decoder_speed.py --device cuda --compile --bf16 --windows
 """
@@ -75,6 +78,11 @@ def main() -> int:
     parser.add_argument("--read-sizes", default="8,32", help="with --windows: chunks per decoder read")
     parser.add_argument("--window-count", type=int, default=2000, help="with --windows")
     parser.add_argument("--plan-only", action="store_true", help="with --windows: the passes only, no decoding")
+    parser.add_argument(
+        "--device-time",
+        action="store_true",
+        help="with --windows: also the kernels' time for the windows, once under torch.profiler",
+    )
     parser.add_argument(
         "--pass-costs", default="0", help="with --windows: also cut windows grouped with these pass costs (frames)"
     )
@@ -313,6 +321,29 @@ def plan_summary(codec, windows: list, size: int) -> dict[str, float]:
     }
 
 
+def device_seconds(codec, windows: list, size: int) -> tuple[float, float]:
+    """Decode ``windows`` read ``size`` at a time under torch.profiler: the kernels' time (on the CPU
+    the operators' own time) and the seconds of new audio. Beside AR engines on one GPU this, not the
+    wall time (which includes launching each pass's kernels), is what the decoder takes from them."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    on_gpu = codec.device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    audio = 0
+    with profile(activities=activities) as prof:
+        for i in range(0, len(windows), size):
+            audio += sum(len(a) for a in codec.decode_windows(windows[i : i + size]))
+        if on_gpu:
+            torch.cuda.synchronize()
+    events = prof.key_averages()
+    if on_gpu:
+        busy_us = sum(e.self_device_time_total for e in events)
+    else:
+        busy_us = sum(e.self_cpu_time_total for e in events if e.key.startswith("aten::"))
+    return busy_us / 1e6, audio / codec.sample_rate
+
+
 def window_mix(args) -> int:
     import torch
     from snac import SNAC
@@ -353,6 +384,7 @@ def window_mix(args) -> int:
             for decode, kwargs in decodes.items()
         }
     results: dict[str, dict[int, list[float]]] = {f"{name} {decode}": {} for name, decode in runs}
+    device: dict[str, dict[int, float]] = {f"{name} {decode}": {} for name, decode in runs}
     shapes: dict[str, dict[int, dict[str, dict[str, float]]]] = {
         f"{name} {decode}": {} for name, decode in runs
     }
@@ -382,6 +414,15 @@ def window_mix(args) -> int:
                 rate = audio / codec.sample_rate / (time.perf_counter() - started)
                 if repeat:
                     results[f"{name} {decode}"].setdefault(size, []).append(rate)
+        if args.device_time:
+            for name, decode in runs:
+                busy, audio = device_seconds(codecs[decode], cuts[name], size)
+                device[f"{name} {decode}"][size] = busy
+                print(
+                    f"RESULT windows {name} {decode}, reads of {size}: {busy:.3f} s of device time for "
+                    f"{audio:.0f} s of new audio ({audio / busy:.0f}x real time a device-second)",
+                    flush=True,
+                )
         median = {key: statistics.median(rates[size]) for key, rates in results.items()}
         for key, rates in results.items():
             print(
@@ -407,6 +448,7 @@ def window_mix(args) -> int:
                     "bf16": args.bf16,
                     "rates": results,
                     "passes": shapes,
+                    "device_seconds": device,
                 },
                 indent=2,
             )

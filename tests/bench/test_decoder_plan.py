@@ -43,3 +43,33 @@ def test_a_pass_cost_trades_frames_for_fewer_passes_on_the_fleets_windows(tmp_pa
         uniform["back_passes_a_read"]
         < 1.5 * passes["uniform whole"]["32"]["as on a GPU"]["back_passes_a_read"]
     )
+
+
+def test_the_decoders_device_time_is_summed_for_every_variant(tmp_path):
+    """--device-time: each variant decoded once more under torch.profiler (on the CPU the operators'
+    own time; on a GPU the kernels'), for the same new audio as the timed runs."""
+    done = subprocess.run(
+        [sys.executable, "bench/decoder_speed.py", "--windows", "--window-count", "4", "--read-sizes", "4"]
+        + ["--repeats", "1", "--pass-costs", "", "--device-time", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((tmp_path / "decoder_windows.json").read_text())
+    keys = {f"{windows} {decode}" for windows in ("uniform", "uneven") for decode in ("whole", "cut")}
+    assert set(result["device_seconds"]) == keys
+    for key in keys:
+        busy = result["device_seconds"][key]["4"]
+        assert 0 < busy < 120, (key, busy)
+        assert f"RESULT windows {key}, reads of 4: {busy:.3f} s of device time" in done.stdout
+    # the same windows' new audio, whole or cut
+    audio = {}
+    for line in done.stdout.splitlines():
+        if "s of device time for" in line:
+            key = line.removeprefix("RESULT windows ").split(",")[0]
+            audio[key] = line.split(" for ")[1].split(" s of new audio")[0]
+    assert set(audio) == keys
+    for windows in ("uniform", "uneven"):
+        assert audio[f"{windows} whole"] == audio[f"{windows} cut"] != "0"
