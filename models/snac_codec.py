@@ -214,8 +214,7 @@ class SnacCodec:
         codes of the whole window); the later blocks run on each window's kept frames and the margin
         (``_span``), batched by that span whatever the window's length, a window cut wider (into
         more of its own context) where it joins a pass of wider spans (``_back_passes``: frames
-        against passes, ``pass_cost_frames``). A window
-        that keeps nothing is not decoded.
+        against passes, ``pass_cost_frames``). A window that keeps nothing is not decoded.
         """
         out: list[np.ndarray] = [np.zeros(0, dtype=np.float32)] * len(windows)
         spans = self._spans(windows)
