@@ -109,14 +109,15 @@ def kernel_profile(llm, prompts, params, args, path: Path) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from bench.device_time import device_events, device_microseconds
+
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with profile(activities=activities) as prof:
         wall, tokens = timed(llm, prompts, params)
     steps = args.tokens  # every request runs every step (min_tokens = max_tokens)
     averages = prof.key_averages()
-    events = [e for e in averages if e.self_device_time_total > 0]
-    events.sort(key=lambda e: e.self_device_time_total, reverse=True)
-    total_us = sum(e.self_device_time_total for e in events)
+    events = sorted(device_events(averages), key=lambda e: e.self_device_time_total, reverse=True)
+    total_us = device_microseconds(averages)  # each kernel once (bench/device_time.py; before session 27 twice if eager)
     by = "self_device_time_total" if events else "self_cpu_time_total"  # off CUDA: the host's kernels
     table = averages.table(sort_by=by, row_limit=40, max_name_column_width=90)
     path.write_text(table)

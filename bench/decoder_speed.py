@@ -328,6 +328,8 @@ def device_seconds(codec, windows: list, size: int) -> tuple[float, float]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from bench.device_time import device_microseconds
+
     on_gpu = codec.device.startswith("cuda")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
     audio = 0
@@ -338,7 +340,7 @@ def device_seconds(codec, windows: list, size: int) -> tuple[float, float]:
             torch.cuda.synchronize()
     events = prof.key_averages()
     if on_gpu:
-        busy_us = sum(e.self_device_time_total for e in events)
+        busy_us = device_microseconds(events)
     else:
         busy_us = sum(e.self_cpu_time_total for e in events if e.key.startswith("aten::"))
     return busy_us / 1e6, audio / codec.sample_rate
