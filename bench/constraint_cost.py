@@ -117,7 +117,7 @@ def kernel_profile(llm, prompts, params, args, path: Path) -> dict:
     steps = args.tokens  # every request runs every step (min_tokens = max_tokens)
     averages = prof.key_averages()
     events = sorted(device_events(averages), key=lambda e: e.self_device_time_total, reverse=True)
-    total_us = device_microseconds(averages)  # each kernel once (bench/device_time.py; before session 27 twice if eager)
+    total_us = device_microseconds(averages)  # each kernel once, eager or not
     by = "self_device_time_total" if events else "self_cpu_time_total"  # off CUDA: the host's kernels
     table = averages.table(sort_by=by, row_limit=40, max_name_column_width=90)
     path.write_text(table)

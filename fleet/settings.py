@@ -238,7 +238,8 @@ class Settings(BaseSettings):
     #: What one GPU pass through the decoder's later blocks costs beyond its frames, in frames: a
     #: decoder groups cut windows into the passes of least frames + passes x this. ~1.6 ms a pass
     #: against ~20 us a frame on an H100 (compiled, bfloat16, bench/decoder_speed.py --windows, session
-    #: 27); 0 groups for the fewest frames, whatever the passes. A CPU decoder decodes one window a pass.
+    #: 27; models/snac_codec.py PASS_COST_FRAMES, the codec's own default); 0 groups for the fewest
+    #: frames, whatever the passes. A CPU decoder decodes one window a pass.
     decode_pass_cost_frames: float = Field(default=78.0, ge=0)
     #: Frames of codes one decoder forward pass takes at most: windows of equal length beyond it go
     #: in several passes. SNAC 24 kHz holds ~2.5 MiB of float32 activations per frame decoded
