@@ -77,14 +77,23 @@ def main() -> int:
     parser.add_argument("--windows", action="store_true", help="the fleet's windows, uniform or not (above)")
     parser.add_argument("--read-sizes", default="8,32", help="with --windows: chunks per decoder read")
     parser.add_argument("--window-count", type=int, default=2000, help="with --windows")
-    parser.add_argument("--plan-only", action="store_true", help="with --windows: the passes only, no decoding")
+    parser.add_argument(
+        "--plan-only", action="store_true", help="with --windows: the passes only, no decoding"
+    )
     parser.add_argument(
         "--device-time",
         action="store_true",
         help="with --windows: also the kernels' time for the windows, once under torch.profiler",
     )
     parser.add_argument(
-        "--pass-costs", default="0", help="with --windows: also cut windows grouped with these pass costs (frames)"
+        "--chunk-frames",
+        default="",
+        help="with --windows: also uniform windows of chunks of these many new frames (the default: 25)",
+    )
+    parser.add_argument(
+        "--pass-costs",
+        default="0",
+        help="with --windows: also cut windows grouped with these pass costs (frames)",
     )
     args = parser.parse_args()
     if args.memory:
@@ -281,9 +290,12 @@ def memory(args) -> int:
     return 0
 
 
-def fleet_windows(uniform: bool, count: int) -> list[tuple[object, int, int]]:
+def fleet_windows(
+    uniform: bool, count: int, chunk_frames: int | None = None
+) -> list[tuple[object, int, int]]:
     """The 4 x 400 bench workload's windows (frames, left, right), random codes, shuffled as a decoder
-    meets them with hundreds of segments in flight; ``count`` of them, the same ones for both cuts."""
+    meets them with hundreds of segments in flight; ``count`` of them, the same ones for both cuts;
+    ``chunk_frames`` new frames a chunk (unset: the setting's default)."""
     import random
 
     import numpy as np
@@ -294,7 +306,8 @@ def fleet_windows(uniform: bool, count: int) -> list[tuple[object, int, int]]:
     from models.orpheus import orpheus_family
     from workers.ar import StreamingConfig
 
-    family, settings = orpheus_family(name="orpheus"), Settings(uniform_windows=uniform)
+    family = orpheus_family(name="orpheus")
+    settings = Settings(uniform_windows=uniform, **({"chunk_frames": chunk_frames} if chunk_frames else {}))
     streaming = StreamingConfig.from_settings(settings, family)  # the family's context: LEFT / RIGHT
     rng = np.random.default_rng(0)
     windows = []
@@ -321,10 +334,11 @@ def plan_summary(codec, windows: list, size: int) -> dict[str, float]:
     }
 
 
-def device_seconds(codec, windows: list, size: int) -> tuple[float, float]:
+def device_seconds(codec, windows: list, size: int) -> tuple[float, float, str]:
     """Decode ``windows`` read ``size`` at a time under torch.profiler: the kernels' time (on the CPU
-    the operators' own time) and the seconds of new audio. Beside AR engines on one GPU this, not the
-    wall time (which includes launching each pass's kernels), is what the decoder takes from them."""
+    the operators' own time), the seconds of new audio and the profiler's table of where that time
+    went. Beside AR engines on one GPU this, not the wall time (which includes launching each pass's
+    kernels), is what the decoder takes from them."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -343,7 +357,9 @@ def device_seconds(codec, windows: list, size: int) -> tuple[float, float]:
         busy_us = device_microseconds(events)
     else:
         busy_us = sum(e.self_cpu_time_total for e in events if e.key.startswith("aten::"))
-    return busy_us / 1e6, audio / codec.sample_rate
+    by = "self_cuda_time_total" if on_gpu else "self_cpu_time_total"
+    table = events.table(sort_by=by, row_limit=30, max_name_column_width=90)
+    return busy_us / 1e6, audio / codec.sample_rate, table
 
 
 def window_mix(args) -> int:
@@ -370,6 +386,9 @@ def window_mix(args) -> int:
         "uneven": fleet_windows(False, args.window_count),
         "uniform": fleet_windows(True, args.window_count),
     }
+    # uniform windows of longer chunks: fewer windows, so less context decoded again a new frame
+    for frames in [int(c) for c in args.chunk_frames.split(",") if c]:
+        cuts[f"uniform/{frames}"] = fleet_windows(True, args.window_count, chunk_frames=frames)
     for name, windows in cuts.items():
         lengths = [w[0].shape[0] for w in windows]
         print(
@@ -418,8 +437,12 @@ def window_mix(args) -> int:
                     results[f"{name} {decode}"].setdefault(size, []).append(rate)
         if args.device_time:
             for name, decode in runs:
-                busy, audio = device_seconds(codecs[decode], cuts[name], size)
+                busy, audio, table = device_seconds(codecs[decode], cuts[name], size)
                 device[f"{name} {decode}"][size] = busy
+                if args.out:  # where the kernels' time goes, for each variant
+                    Path(args.out).mkdir(parents=True, exist_ok=True)
+                    tables = Path(args.out) / f"kernels-{name.replace('/', '-')}-{decode}-reads-of-{size}.txt"
+                    tables.write_text(table)
                 print(
                     f"RESULT windows {name} {decode}, reads of {size}: {busy:.3f} s of device time for "
                     f"{audio:.0f} s of new audio ({audio / busy:.0f}x real time a device-second)",
@@ -435,6 +458,9 @@ def window_mix(args) -> int:
         for decode in codecs:
             ratio = median[f"uniform {decode}"] / median[f"uneven {decode}"]
             print(f"RESULT windows uniform / uneven, {decode}, reads of {size}: x{ratio:.3f}", flush=True)
+            for name in [n for n in cuts if n.startswith("uniform/")]:
+                ratio = median[f"{name} {decode}"] / median[f"uniform {decode}"]
+                print(f"RESULT windows {name} / uniform, {decode}, reads of {size}: x{ratio:.3f}", flush=True)
         for name, decode in itertools.product(cuts, codecs):
             if decode != "whole":
                 ratio = median[f"{name} {decode}"] / median[f"{name} whole"]

@@ -73,3 +73,34 @@ def test_the_decoders_device_time_is_summed_for_every_variant(tmp_path):
     assert set(audio) == keys
     for windows in ("uniform", "uneven"):
         assert audio[f"{windows} whole"] == audio[f"{windows} cut"] != "0"
+    # where the time went, a profiler table for each variant (on the CPU: the operators; convolutions lead)
+    for key in keys:
+        table = (tmp_path / f"kernels-{key.replace(' ', '-')}-reads-of-4.txt").read_text()
+        assert "Self CPU" in table and "aten::" in table, table[:500]
+
+
+def test_longer_chunks_send_fewer_windows_for_the_same_books():
+    """--chunk-frames: uniform windows of chunks of 50 new frames beside the default 25 (plan only)."""
+    done = subprocess.run(
+        [sys.executable, "bench/decoder_speed.py", "--windows", "--plan-only", "--window-count", "100000"]
+        + ["--read-sizes", "32", "--pass-costs", "", "--chunk-frames", "50"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    counts = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT windows uniform") and " windows, " in line:
+            name, rest = line.removeprefix("RESULT windows ").split(": ", 1)
+            windows, decoded, new = (
+                int(rest.split(" windows")[0]),
+                int(rest.split(", ")[1].split()[0]),
+                int(rest.split(" for ")[1].split()[0]),
+            )
+            counts[name] = (windows, decoded, new)
+    assert set(counts) == {"uniform", "uniform/50"}
+    # every window of both: the books' new frames are the same; longer chunks, fewer windows
+    assert counts["uniform/50"][2] == counts["uniform"][2]
+    assert counts["uniform/50"][0] < 0.7 * counts["uniform"][0]
