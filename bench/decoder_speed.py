@@ -66,6 +66,11 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--bf16", action="store_true")
+    parser.add_argument(
+        "--cudnn-benchmark",
+        action="store_true",
+        help="let cuDNN time its algorithms for each new shape and keep the fastest (every variant)",
+    )
     parser.add_argument("--out", default=None)
     parser.add_argument("--memory", action="store_true", help="peak memory instead of speed (above)")
     parser.add_argument("--memory-limit-gb", type=float, default=None)
@@ -96,6 +101,10 @@ def main() -> int:
         help="with --windows: also cut windows grouped with these pass costs (frames)",
     )
     args = parser.parse_args()
+    if args.cudnn_benchmark:
+        import torch
+
+        torch.backends.cudnn.benchmark = True
     if args.memory:
         return memory(args)
     if args.windows:
@@ -473,6 +482,7 @@ def window_mix(args) -> int:
                 {
                     "device": args.device,
                     "compile": args.compile,
+                    "cudnn_benchmark": args.cudnn_benchmark,
                     "bf16": args.bf16,
                     "rates": results,
                     "passes": shapes,

@@ -50,7 +50,16 @@ def test_the_decoders_device_time_is_summed_for_every_variant(tmp_path):
     own time; on a GPU the kernels'), for the same new audio as the timed runs."""
     done = subprocess.run(
         [sys.executable, "bench/decoder_speed.py", "--windows", "--window-count", "4", "--read-sizes", "4"]
-        + ["--repeats", "1", "--pass-costs", "", "--device-time", "--out", str(tmp_path)],
+        + [
+            "--repeats",
+            "1",
+            "--pass-costs",
+            "",
+            "--device-time",
+            "--cudnn-benchmark",
+            "--out",
+            str(tmp_path),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -58,6 +67,7 @@ def test_the_decoders_device_time_is_summed_for_every_variant(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads((tmp_path / "decoder_windows.json").read_text())
+    assert result["cudnn_benchmark"] is True  # recorded beside the figures it may change
     keys = {f"{windows} {decode}" for windows in ("uniform", "uneven") for decode in ("whole", "cut")}
     assert set(result["device_seconds"]) == keys
     for key in keys:
