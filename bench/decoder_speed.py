@@ -450,8 +450,10 @@ def window_mix(args) -> int:
                 device[f"{name} {decode}"][size] = busy
                 if args.out:  # where the kernels' time goes, for each variant
                     Path(args.out).mkdir(parents=True, exist_ok=True)
-                    tables = Path(args.out) / f"kernels-{name.replace('/', '-')}-{decode}-reads-of-{size}.txt"
-                    tables.write_text(table)
+                    table_path = (
+                        Path(args.out) / f"kernels-{name.replace('/', '-')}-{decode}-reads-of-{size}.txt"
+                    )
+                    table_path.write_text(table)
                 print(
                     f"RESULT windows {name} {decode}, reads of {size}: {busy:.3f} s of device time for "
                     f"{audio:.0f} s of new audio ({audio / busy:.0f}x real time a device-second)",

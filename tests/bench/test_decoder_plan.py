@@ -5,6 +5,7 @@ windows into passes (counted on the CPU, nothing decoded), the figures behind
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -50,16 +51,8 @@ def test_the_decoders_device_time_is_summed_for_every_variant(tmp_path):
     own time; on a GPU the kernels'), for the same new audio as the timed runs."""
     done = subprocess.run(
         [sys.executable, "bench/decoder_speed.py", "--windows", "--window-count", "4", "--read-sizes", "4"]
-        + [
-            "--repeats",
-            "1",
-            "--pass-costs",
-            "",
-            "--device-time",
-            "--cudnn-benchmark",
-            "--out",
-            str(tmp_path),
-        ],
+        + ["--repeats", "1", "--pass-costs", "", "--device-time", "--cudnn-benchmark"]
+        + ["--out", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -83,7 +76,7 @@ def test_the_decoders_device_time_is_summed_for_every_variant(tmp_path):
     assert set(audio) == keys
     for windows in ("uniform", "uneven"):
         assert audio[f"{windows} whole"] == audio[f"{windows} cut"] != "0"
-    # where the time went, a profiler table for each variant (on the CPU: the operators; convolutions lead)
+    # where the time went: the profiler's table for each variant (on the CPU, the operators')
     for key in keys:
         table = (tmp_path / f"kernels-{key.replace(' ', '-')}-reads-of-4.txt").read_text()
         assert "Self CPU" in table and "aten::" in table, table[:500]
@@ -100,16 +93,13 @@ def test_longer_chunks_send_fewer_windows_for_the_same_books():
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    counts = {}
+    counts = {}  # windows, frames decoded, new frames
     for line in done.stdout.splitlines():
-        if line.startswith("RESULT windows uniform") and " windows, " in line:
-            name, rest = line.removeprefix("RESULT windows ").split(": ", 1)
-            windows, decoded, new = (
-                int(rest.split(" windows")[0]),
-                int(rest.split(", ")[1].split()[0]),
-                int(rest.split(" for ")[1].split()[0]),
-            )
-            counts[name] = (windows, decoded, new)
+        found = re.match(
+            r"RESULT windows (uniform\S*): (\d+) windows, (\d+) frames decoded for (\d+) new", line
+        )
+        if found:
+            counts[found[1]] = tuple(int(n) for n in found.groups()[1:])
     assert set(counts) == {"uniform", "uniform/50"}
     # every window of both: the books' new frames are the same; longer chunks, fewer windows
     assert counts["uniform/50"][2] == counts["uniform"][2]
