@@ -12,10 +12,10 @@
 set -u
 limit=$1
 shift
-if ls .gpu/deckit/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/snac ]; then
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+if ! python3 -c "import snac, pydantic_settings" 2>/dev/null; then # the lent machine's image: the kit
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/deckit/*.whl
 fi
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 {
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null
   lscpu | grep -i "model name"
