@@ -24,17 +24,8 @@ def test_the_decoder_call_brings_back_both_runs(tmp_path):
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",  # python3: this interpreter
     }
     done = subprocess.run(
-        [
-            "bash",
-            "bench/gpu_decoder_run.sh",
-            "280",
-            "--window-count",
-            "4",
-            "--read-sizes",
-            "4",
-            "--repeats",
-            "1",
-        ],
+        ["bash", "bench/gpu_decoder_run.sh", "280"]
+        + ["--window-count", "4", "--read-sizes", "4", "--repeats", "1"],
         cwd=ROOT,
         env=env,
         capture_output=True,
