@@ -74,17 +74,29 @@ Caller = Depends(caller)
 AUTH = {401: {"model": Problem}, 429: {"model": Problem}}
 
 
+def get_and_head(path: str, **options):
+    """GET and HEAD on ``path`` as two routes, so each has an operationId of its own. One route of both
+    methods gave the OpenAPI document one id twice, named after whichever method its set listed
+    first: ``..._get`` in one process, ``..._head`` in the next, which breaks generated clients."""
+
+    def register(endpoint):
+        router.get(path, **options)(endpoint)
+        return router.head(path, **options)(endpoint)
+
+    return register
+
+
 def links(st: AppState, job: Job) -> Links:
     return Links.of(job.id, {kind: st.signer.token(job.id, kind) for kind in ("events", "audio")})
 
 
-@router.api_route("/health", methods=["GET", "HEAD"])
+@get_and_head("/health")
 async def health(st: AppState = State) -> dict:
     await st.store.redis.ping()
     return {"status": "ok"}
 
 
-@router.api_route("/v1/models", methods=["GET", "HEAD"], response_model=list[ModelView], responses=AUTH)
+@get_and_head("/v1/models", response_model=list[ModelView], responses=AUTH)
 async def list_models(st: AppState = State, _: Principal = Caller) -> list[ModelView]:
     specs = list(served_models(st.settings).values())
     wanted = [(kind, spec.name) for spec in specs for kind in spec.worker_kinds]
@@ -298,7 +310,7 @@ async def list_lexicons(st: AppState = State, who: Principal = Caller) -> dict:
     return {"lexicons": [{"name": n, "entries": c} for n, c in (await st.lexicons.names_and_sizes(who.tenant)).items()]}
 
 
-@router.api_route("/v1/jobs", methods=["GET", "HEAD"], response_model=JobList, responses=AUTH)
+@get_and_head("/v1/jobs", response_model=JobList, responses=AUTH)
 async def list_jobs(
     st: AppState = State,
     who: Principal = Caller,
@@ -311,9 +323,8 @@ async def list_jobs(
     return JobList(jobs=[JobView.of(job, links(st, job)) for job in page.jobs], next_cursor=page.next_cursor)
 
 
-@router.api_route(
+@get_and_head(
     "/v1/jobs/{job_id}",
-    methods=["GET", "HEAD"],
     response_model=JobView,
     responses={**AUTH, 404: {"model": Problem}},
 )
@@ -334,9 +345,8 @@ async def delete_job(job_id: str, st: AppState = State, who: Principal = Caller)
     return JSONResponse(JobView.of(job, Links.of(job.id)).model_dump(), status_code=status)
 
 
-@router.api_route(
+@get_and_head(
     "/v1/jobs/{job_id}/audio",
-    methods=["GET", "HEAD"],
     responses={**AUTH, 404: {"model": Problem}, 409: {"model": Problem}, 307: {}},
 )
 async def get_audio(
@@ -387,9 +397,8 @@ async def _manifest(st: AppState, job_id: str, who: Principal) -> dict:
     return json.loads(raw)
 
 
-@router.api_route(
+@get_and_head(
     "/v1/jobs/{job_id}/captions",
-    methods=["GET", "HEAD"],
     responses={**AUTH, 404: {"model": Problem}, 409: {"model": Problem}, 422: {"model": Problem}},
 )
 async def get_captions(
@@ -410,9 +419,8 @@ async def get_captions(
     return Response(captions.vtt(manifest, kind), media_type="text/vtt; charset=utf-8")
 
 
-@router.api_route(
+@get_and_head(
     "/v1/jobs/{job_id}/marks",
-    methods=["GET", "HEAD"],
     responses={**AUTH, 404: {"model": Problem}, 409: {"model": Problem}},
 )
 async def get_marks(job_id: str, st: AppState = State, who: Principal = Depends(caller_or_link("audio"))):
@@ -421,9 +429,8 @@ async def get_marks(job_id: str, st: AppState = State, who: Principal = Depends(
     return Response(captions.speech_marks(manifest), media_type="application/x-ndjson")
 
 
-@router.api_route(
+@get_and_head(
     "/v1/jobs/{job_id}/events",
-    methods=["GET", "HEAD"],
     responses={**AUTH, 404: {"model": Problem}, 400: {"model": Problem}},
 )
 async def job_events(
@@ -446,9 +453,8 @@ async def job_events(
     return EventSourceResponse(event_stream(st.hub, job_id, resume), ping=st.settings.sse_ping_s)
 
 
-@router.api_route(
+@get_and_head(
     "/v1/jobs/{job_id}/stream",
-    methods=["GET", "HEAD"],
     responses={
         **AUTH,
         200: {"content": {f.content_type: {} for f in STREAM_FORMATS.values() if f.name in LIVE_FORMATS}},

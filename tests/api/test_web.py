@@ -3,8 +3,13 @@ must work on a machine without internet). The page's behaviour in a browser: tes
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 from html.parser import HTMLParser
+from pathlib import Path
 
 from jobs.encoding import format_names
 
@@ -98,3 +103,27 @@ def test_docs_and_redoc_load_only_the_apps_own_assets(api):
         assert (await a.client.get("/docs/oauth2-redirect")).status_code == 200
 
     api(scenario)
+
+
+def test_every_operation_has_an_id_of_its_own_the_same_in_every_process():
+    """Generated clients name their methods by operationId: an id given twice, or one that changes
+    between processes (GET and HEAD on one route took the name of whichever a set listed first), breaks
+    them. The document is built in two processes whose string hashes order {"GET", "HEAD"} apart."""
+    script = "import json; from api.app import create_app; print(json.dumps(create_app().openapi()))"
+    specs = []
+    for seed in ("1", "3"):
+        built = subprocess.run(
+            [sys.executable, "-W", "error", "-c", script],  # FastAPI warns of a duplicate id
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            cwd=Path(__file__).parents[2],
+            capture_output=True,
+            text=True,
+        )
+        assert built.returncode == 0, built.stderr[-2000:]
+        specs.append(json.loads(built.stdout))
+    operations = [(method, op["operationId"]) for item in specs[0]["paths"].values() for method, op in item.items()]
+    ids = [operation_id for _, operation_id in operations]
+    assert len(set(ids)) == len(ids) > 20
+    assert all(operation_id.endswith(f"_{method}") for method, operation_id in operations)
+    assert {"get", "head"} <= set(specs[0]["paths"]["/v1/jobs/{job_id}"])
+    assert specs[0] == specs[1]
