@@ -279,9 +279,12 @@ def test_cancel_drops_queued_segments_and_stops_work(fleet, client, raw_redis):
 
 def test_health_models_and_openapi(client):
     assert client.get("/health").json() == {"status": "ok"}
-    models = client.get("/v1/models").json()
+    # the fleet's AR worker and decoder heartbeat: the two-stage model is ready once both have started
+    # (run first, this test meets them still loading)
+    deadline = time.monotonic() + 60
+    while not (models := client.get("/v1/models").json())[0]["ready"] and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert models[0]["name"] == "tiny" and "tara" in models[0]["voices"] and models[0]["default"]
-    # the fleet's AR worker and decoder heartbeat: the two-stage model is ready
     assert models[0]["kind"] == "two-stage" and models[0]["workers"] == {"ar": 1, "decoder": 1}
     assert models[0]["ready"]
     spec = client.get("/openapi.json").json()
