@@ -289,7 +289,7 @@ async def put_lexicon(name: str, body: LexiconBody, st: AppState = State, who: P
     return JSONResponse(view.model_dump(), status_code=201 if created else 200)
 
 
-@router.get("/v1/lexicons/{name}", response_model=LexiconView, responses={**AUTH, 404: {"model": Problem}})
+@get_and_head("/v1/lexicons/{name}", response_model=LexiconView, responses={**AUTH, 404: {"model": Problem}})
 async def get_lexicon(name: str, st: AppState = State, who: Principal = Caller) -> LexiconView:
     entries = await st.lexicons.get(who.tenant, _lexicon_name(name))
     if entries is None:
@@ -304,7 +304,7 @@ async def delete_lexicon(name: str, st: AppState = State, who: Principal = Calle
     return Response(status_code=204)
 
 
-@router.get("/v1/lexicons", responses=AUTH)
+@get_and_head("/v1/lexicons", responses=AUTH)
 async def list_lexicons(st: AppState = State, who: Principal = Caller) -> dict:
     """The tenant's lexicons and their sizes."""
     return {"lexicons": [{"name": n, "entries": c} for n, c in (await st.lexicons.names_and_sizes(who.tenant)).items()]}

@@ -15,6 +15,7 @@ def test_lexicons_are_created_replaced_listed_used_and_deleted(api):
         )
         read = await c.get("/v1/lexicons/names")
         listed = await c.get("/v1/lexicons")
+        heads = [(await c.head(path)).status_code for path in ("/v1/lexicons/names", "/v1/lexicons")]
         job = await c.post(
             "/v1/jobs",
             json={"text": "Nguyen likes SQL.", "lexicon": [{"match": "likes", "say": "loves"}], "lexicons": ["names"]},
@@ -24,10 +25,11 @@ def test_lexicons_are_created_replaced_listed_used_and_deleted(api):
         deleted = await c.delete("/v1/lexicons/names")
         again = await c.delete("/v1/lexicons/names")
         gone = await c.get("/v1/lexicons/names")
-        return created, replaced, read, listed, job, plan, missing, deleted, again, gone
+        return created, replaced, read, listed, heads, job, plan, missing, deleted, again, gone
 
-    created, replaced, read, listed, job, plan, missing, deleted, again, gone = api(scenario)
+    created, replaced, read, listed, heads, job, plan, missing, deleted, again, gone = api(scenario)
     assert (created.status_code, replaced.status_code, read.status_code) == (201, 200, 200)
+    assert heads == [200, 200]  # HEAD as every GET route
     assert read.json() == {
         "name": "names",
         "entries": [

@@ -125,5 +125,6 @@ def test_every_operation_has_an_id_of_its_own_the_same_in_every_process():
     ids = [operation_id for _, operation_id in operations]
     assert len(set(ids)) == len(ids) > 20
     assert all(operation_id.endswith(f"_{method}") for method, operation_id in operations)
-    assert {"get", "head"} <= set(specs[0]["paths"]["/v1/jobs/{job_id}"])
+    gets = {path for path, item in specs[0]["paths"].items() if "get" in item}
+    assert {path for path in gets if "head" in specs[0]["paths"][path]} == gets  # every GET answers HEAD
     assert specs[0] == specs[1]
