@@ -22,6 +22,7 @@ from testing.fleetkit import (
     start_fleet,
     submit,
     wait_done,
+    wait_until,
 )
 from testing.fleetkit import manifest as fleetkit_manifest
 
@@ -281,9 +282,8 @@ def test_health_models_and_openapi(client):
     assert client.get("/health").json() == {"status": "ok"}
     # the fleet's AR worker and decoder heartbeat: the two-stage model is ready once both have started
     # (run first, this test meets them still loading)
-    deadline = time.monotonic() + 60
-    while not (models := client.get("/v1/models").json())[0]["ready"] and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_until(lambda: client.get("/v1/models").json()[0]["ready"], 60, "the workers' heartbeats")
+    models = client.get("/v1/models").json()
     assert models[0]["name"] == "tiny" and "tara" in models[0]["voices"] and models[0]["default"]
     assert models[0]["kind"] == "two-stage" and models[0]["workers"] == {"ar": 1, "decoder": 1}
     assert models[0]["ready"]
