@@ -25,6 +25,12 @@ def _one_line(text: str) -> str:
     return " ".join(text.split()).replace("-->", "->")
 
 
+def _cue_text(text: str) -> str:
+    # WebVTT cue text is markup: "<" opens a tag and "&" an entity, so "x < y" would lose its end
+    # (SRT has no escapes: players show its text as written)
+    return _one_line(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def _chapter_spans(manifest: dict) -> list[tuple[str, float, float]]:
     chapters = manifest.get("chapters", [])
     ends = [c["start_s"] for c in chapters[1:]] + [manifest["duration_s"]]
@@ -44,7 +50,7 @@ def vtt(manifest: dict, kind: str = "sentences") -> str:
     lines = ["WEBVTT", ""]
     if kind == "chapters":
         for n, (title, start, end) in enumerate(_chapter_spans(manifest), start=1):
-            lines += [f"chapter-{n}", f"{_clock(start, '.')} --> {_clock(end, '.')}", _one_line(title), ""]
+            lines += [f"chapter-{n}", f"{_clock(start, '.')} --> {_clock(end, '.')}", _cue_text(title), ""]
         return "\n".join(lines)
     chapter_at = {c["start_s"]: c["title"] for c in manifest.get("chapters", [])}
     for seg in manifest["segments"]:
@@ -53,7 +59,7 @@ def vtt(manifest: dict, kind: str = "sentences") -> str:
         lines += [
             f"s{seg['index']}",
             f"{_clock(seg['start_s'], '.')} --> {_clock(seg['end_s'], '.')}",
-            _one_line(seg["text"]),
+            _cue_text(seg["text"]),
             "",
         ]
     return "\n".join(lines)

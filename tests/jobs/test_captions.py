@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import html
 import io
 import json
 
@@ -34,6 +35,17 @@ def test_srt_and_vtt_parse_with_their_libraries():
         ("00:00:00.000", "01:00:00.250", "One"),
         ("01:00:00.250", "01:02:05.500", "Two"),
     ]
+
+
+def test_vtt_cue_text_is_escaped_so_players_show_what_was_said():
+    said = "If x < y then stop. Use <b> & &amp; as written -> here."
+    manifest = {**MANIFEST, "chapters": [{"index": 0, "title": "Q & <A>", "start_s": 0.0}]}
+    manifest["segments"] = [{**MANIFEST["segments"][0], "text": said}]
+    (cue,) = webvtt.from_buffer(io.StringIO(vtt(manifest)))
+    assert html.unescape(cue.text) == said  # webvtt-py drops tags: an unescaped "<b>" would be gone
+    (chapter,) = webvtt.from_buffer(io.StringIO(vtt(manifest, "chapters")))
+    assert html.unescape(chapter.text) == "Q & <A>"
+    assert said in to_srt(manifest)  # SRT has no escapes: as written
 
 
 def test_speech_marks_are_pollys_shape():
