@@ -118,8 +118,20 @@ class Plan:
 # --- blocks: paragraphs and headings ---------------------------------------------------------------
 
 _MD_HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(?P<title>.+?)\s*#*\s*$")
+_NUMBER_WORD = (
+    "(?:one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen|fifteen|sixteen"
+    "|seventeen|eighteen|nineteen|twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety|hundred|first"
+    "|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|thirteenth|fourteenth"
+    "|fifteenth|sixteenth|seventeenth|eighteenth|nineteenth|twentieth|thirtieth|fortieth|fiftieth|last)"
+)
+#: A Roman numeral (not empty: the look-behind needs a numeral's letter just read).
+_ROMAN = r"m{0,4}(?:cm|cd|d?c{0,3})(?:xc|xl|l?x{0,3})(?:ix|iv|v?i{0,3})(?<=[ivxlcdm])"
+#: "Chapter 12", "CHAPTER IV.", "Part Two: ...", "Book the First": the word and a number (figures, a
+#: Roman numeral or number words), at the start of a paragraph ("...the greater / part of the
+#: reason" and "Part of me wanted to stay." are prose).
 _CHAPTER_LINE = re.compile(
-    r"^\s*(?P<title>(?:chapter|part|book)\s+(?:\d+|[ivxlcdm]+|[a-z]+(?:[- ][a-z]+)?)\b[^\n]{0,80})\s*$",
+    rf"^\s*(?P<title>(?:chapter|part|book)\s+(?:\d+|{_ROMAN}|(?:the\s+)?{_NUMBER_WORD}(?:[- ]{_NUMBER_WORD})?)"
+    r"\b[^\n]{0,80})\s*$",
     re.IGNORECASE,
 )
 _RULE = re.compile(r"^\s{0,3}([-*_])(\s*\1){2,}\s*$")  # --- *** ___ : a scene break
@@ -129,7 +141,16 @@ _SCENE_LINE = re.compile(r"^\s*([*#~•·⁂])(\s*\1){2,}\s*$|^\s*⁂\s*$")
 _PAUSE_MARK = re.compile(r"\[\s*pause\s+(\d{1,3}(?:\.\d{1,3})?)\s*(ms|s)\s*\]", re.IGNORECASE)
 MAX_PAUSE_MS = 60_000
 _FENCE = re.compile(r"^\s{0,3}(```|~~~)")
-_LIST_ITEM = re.compile(r"^\s{0,3}(?:[-*+]|\d{1,3}[.)])\s+")
+_LIST_ITEM = re.compile(r"^\s{0,3}(?:[-*+]|(?P<number>\d{1,3})[.)])\s+")
+
+
+def _list_item(line: str, interrupts: bool) -> re.Match | None:
+    """A list item's marker. Where it would interrupt a paragraph, a numbered list must start at 1,
+    as in CommonMark (a wrapped line "42. His wife..." is prose, and its number is said)."""
+    match = _LIST_ITEM.match(line)
+    if match and interrupts and match["number"] not in (None, "1"):
+        return None
+    return match
 
 
 @dataclass(slots=True)
@@ -156,6 +177,7 @@ def _blocks(text: str, markdown: bool) -> list[Block]:
     blocks: list[Block] = []
     current: Block | None = None
     in_fence = False
+    in_list = False  # current is a list item: the next item, whatever its number, is one too
 
     def close() -> None:
         nonlocal current
@@ -178,17 +200,17 @@ def _blocks(text: str, markdown: bool) -> list[Block]:
         if not line.strip():
             close()
             continue
-        heading = _heading_span(text, start, end, markdown)
+        heading = _heading_span(text, start, end, markdown, starts_block=current is None)
         if heading is not None:
             close()
             blocks.append(Block(heading[0], heading[1], heading=True))
             continue
-        if markdown and _LIST_ITEM.match(line):
+        if markdown and (item := _list_item(line, interrupts=current is not None and not in_list)):
             close()  # each list item reads as its own paragraph
-            current = Block(start + _LIST_ITEM.match(line).end(), end, heading=False)
+            current, in_list = Block(start + item.end(), end, heading=False), True
             continue
         if current is None:
-            current = Block(start, end, heading=False)
+            current, in_list = Block(start, end, heading=False), False
         else:
             current.end = end
     close()
@@ -199,11 +221,15 @@ def _blocks(text: str, markdown: bool) -> list[Block]:
 _MAX_HEADING_LINE = 300
 
 
-def _heading_span(text: str, start: int, end: int, markdown: bool) -> tuple[int, int] | None:
+def _heading_span(
+    text: str, start: int, end: int, markdown: bool, starts_block: bool
+) -> tuple[int, int] | None:
+    """A heading's title span: a Markdown heading anywhere (as in CommonMark), a chapter line only
+    where a paragraph would start (a wrapped line of prose may begin with "part" or "book")."""
     if end - start > _MAX_HEADING_LINE:
         return None
     line = text[start:end]
-    match = (_MD_HEADING.match(line) if markdown else None) or _CHAPTER_LINE.match(line)
+    match = (_MD_HEADING.match(line) if markdown else None) or (_CHAPTER_LINE.match(line) if starts_block else None)
     if match is None:
         return None
     return start + match.start("title"), start + match.end("title")
@@ -483,7 +509,8 @@ def _nesting(text: str, start: int, end: int) -> bytearray:
 _MD_INLINE = [
     (re.compile(r"!\[([^\]]*)\]\([^)]*\)"), r"\1"),  # images -> alt text
     (re.compile(r"\[([^\]]+)\]\([^)]*\)"), r"\1"),  # links -> their text
-    (re.compile(r"<[^>\n]+>"), ""),  # inline HTML
+    # inline HTML: tags and comments only ("if a < b and c > d" is prose)
+    (re.compile(r"</?[A-Za-z][A-Za-z0-9-]*(?:\s[^<>\n]*)?/?>|<!--.*?-->"), ""),
     (re.compile(r"(?m)^\s{0,3}>\s?"), ""),  # block quotes
     (re.compile(r"(\*\*|__|\*|_|~~|`+)(?=\S)(.+?)(?<=\S)\1"), r"\2"),  # emphasis, code
 ]

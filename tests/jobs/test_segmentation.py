@@ -80,6 +80,39 @@ def test_paragraphs_chapters_and_pauses():
     assert [c.first_segment for c in plan.chapters] == [0, 1, 5, 7]
 
 
+@pytest.mark.parametrize("markdown", [False, True])
+def test_chapter_lines_start_a_paragraph_and_carry_a_number(markdown):
+    wrapped = (
+        "It was long before he understood that the greater\n"
+        "part of the reason she had left was his own silence, and\n"
+        "book of hours lay closed on the table.\n\n"
+        "Part of me wanted to stay.\n\nBook lovers know."
+    )
+    plan = plan_text(wrapped, markdown=markdown)
+    assert [c.title for c in plan.chapters] == [""]
+    assert texts(wrapped, markdown=markdown)[0].startswith("It was long") and len(plan.segments) == 3
+    headings = (
+        "CHAPTER I.\nDown the Rabbit-Hole\n\nChapter the Last\n\nBOOK TWENTY-ONE\n\nPart Two: Sea\n\nEnd."
+    )
+    assert [c.title for c in plan_text(headings, markdown=markdown).chapters] == [
+        "CHAPTER I.", "Chapter the Last", "BOOK TWENTY-ONE", "Part Two: Sea"
+    ]  # fmt: skip
+
+
+def test_markdown_drops_html_tags_not_comparisons():
+    assert texts("If a < b and c > d, then stop. A <b>bold</b> <!-- note --> <br/>move.") == [
+        "If a < b and c > d, then stop.",
+        "A bold move.",
+    ]
+
+
+def test_a_wrapped_line_starting_with_a_number_is_prose_but_lists_stay_lists():
+    assert texts("He was\n42. His wife was younger.") == ["He was 42.", "His wife was younger."]
+    assert texts("Intro:\n1. First item.\n2. Second item.\n\n3. Third.\n- Dash.") == [
+        "Intro:", "First item.", "Second item.", "Third.", "Dash."
+    ]  # fmt: skip
+
+
 def test_plain_text_keeps_markup_characters():
     plan = plan_text("# not a heading in plain text. *Stars* stay.", markdown=False)
     assert [s.text for s in plan.segments] == ["# not a heading in plain text.", "*Stars* stay."]
