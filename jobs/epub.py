@@ -22,6 +22,8 @@ lxml (BSD) parses; ebooklib, the usual EPUB library, is AGPL and does not fit th
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import io
 import posixpath
 import re
@@ -220,11 +222,30 @@ def parse_xml(data: bytes, name: str) -> etree._Element:
         raise BookError(f"the EPUB's {name[:200]!r} is not well-formed XML: {exc}") from None
 
 
+_XML_ENCODING = re.compile(rb"""^\s*<\?xml[^>]*?encoding\s*=\s*["']([A-Za-z0-9._-]{1,40})["']""")
+_META_CHARSET = re.compile(rb"""<meta[^>]*?charset\s*=\s*["']?([A-Za-z0-9._-]{1,40})""", re.IGNORECASE)
+
+
+def _encoding_of(data: bytes) -> str:
+    """A content document's encoding: its byte-order mark, its XML declaration, its <meta charset>,
+    else UTF-8, as EPUB requires (libxml2's HTML parser would guess Latin-1 and garble the text)."""
+    if data.startswith(b"\xef\xbb\xbf"):
+        return "utf-8"
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return "utf-16"
+    declared = _XML_ENCODING.match(data) or _META_CHARSET.search(data[:2048])
+    if declared:
+        with contextlib.suppress(LookupError):
+            return codecs.lookup(declared[1].decode("ascii")).name
+    return "utf-8"
+
+
 def parse_html(data: bytes, name: str) -> etree._Element:
     """A content document (XHTML), parsed leniently as reading systems do (named HTML entities)."""
     _refuse_entities(data, name)
+    parser = html.HTMLParser(no_network=True, huge_tree=False, encoding=_encoding_of(data))
     try:
-        return html.document_fromstring(data, parser=html.HTMLParser(no_network=True, huge_tree=False))
+        return html.document_fromstring(data, parser=parser)
     except (etree.ParserError, ValueError) as exc:
         raise BookError(f"the EPUB's {name[:200]!r} cannot be read as XHTML: {exc}") from None
 

@@ -118,6 +118,44 @@ def test_named_entities_hidden_text_page_numbers_and_non_linear_documents():
     assert [c.paragraphs for c in book.chapters] == [("Café society. Then more.",)]
 
 
+def _epub_of_pages(pages: list[bytes]) -> bytes:
+    """An EPUB 3 whose content documents are these bytes as they are (no declaration added)."""
+    items = "".join(f'<item id="p{i}" href="p{i}.xhtml" media-type="application/xhtml+xml"/>' for i in range(len(pages)))
+    spine = "".join(f'<itemref idref="p{i}"/>' for i in range(len(pages)))
+    opf = (
+        '<?xml version="1.0" encoding="UTF-8"?><package xmlns="http://www.idpf.org/2007/opf" version="3.0">'
+        '<metadata xmlns:dc="http://purl.org/dc/elements/1.1/"><dc:title>B</dc:title></metadata>'
+        f"<manifest>{items}</manifest><spine>{spine}</spine></package>"
+    )
+    container = (
+        '<container xmlns="urn:oasis:names:tc:opendocument:xmlns:container" version="1.0"><rootfiles>'
+        '<rootfile full-path="content.opf" media-type="application/oebps-package+xml"/></rootfiles></container>'
+    )
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as z:
+        z.writestr("mimetype", "application/epub+zip")
+        z.writestr("META-INF/container.xml", container)
+        z.writestr("content.opf", opf)
+        for i, page in enumerate(pages):
+            z.writestr(f"p{i}.xhtml", page)
+    return out.getvalue()
+
+
+def test_a_pages_encoding_is_its_declaration_else_utf_8():
+    said, latin = "Café “déjà vu” — naïve.", "Café déjà vu, naïve."
+
+    def page(text: str, head: str = "", before: str = "") -> str:
+        return f'{before}<html xmlns="http://www.w3.org/1999/xhtml"><head>{head}<title>T</title></head><body><p>{text}</p></body></html>'
+
+    pages = [
+        page(said, before="<!DOCTYPE html>\n").encode("utf-8"),  # nothing declared: UTF-8, as EPUB says
+        page(latin, before='<?xml version="1.0" encoding="iso-8859-1"?>').encode("latin-1"),
+        page(said, head='<meta charset="windows-1252"/>').encode("cp1252"),
+        page(said).encode("utf-16"),  # with its byte-order mark
+    ]
+    assert [c.paragraphs for c in read_epub(_epub_of_pages(pages)).chapters] == [(said,), (latin,), (said,), (said,)]
+
+
 def test_iso_639_2_from_bcp_47():
     assert [iso639_2(c) for c in ("en-GB", "de", "fra", "pt_BR", "xx", "")] == [
         "eng",
