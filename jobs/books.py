@@ -16,7 +16,7 @@ import unicodedata
 from dataclasses import dataclass, field
 
 from jobs.errors import InvalidRequest
-from jobs.segmentation import Block
+from jobs.segmentation import Block, spoken
 
 #: Matter a job leaves out unless its ``chapters`` selection names it.
 SKIPPED_MATTER = frozenset(
@@ -136,21 +136,25 @@ def layout(chapters: list[BookChapter]) -> tuple[str, list[Block]]:
     blocks: list[Block] = []
     pos = 0
 
-    def add(text: str, heading: bool) -> None:
+    def add(text: str, heading: bool, starts_chapter: bool = False) -> None:
         nonlocal pos
         if parts:
             parts.append("\n\n")
             pos += 2
         parts.append(text)
         scene = text == SCENE_BREAK
-        blocks.append(Block(pos, pos if scene else pos + len(text), heading and not scene, scene=scene))
+        end = pos if scene else pos + len(text)
+        blocks.append(Block(pos, end, heading and not scene, scene=scene, chapter=starts_chapter and not scene))
         pos += len(text)
 
     for chapter in chapters:
-        if chapter.title:
+        # a title with nothing to say ("", "✦", "* * *") still ends the chapter before: its first
+        # paragraph starts an untitled one
+        titled = chapter.title != SCENE_BREAK and bool(spoken(chapter.title, markdown=False))
+        if titled:
             add(chapter.title, heading=True)
-        for paragraph in chapter.paragraphs:
-            add(paragraph, heading=False)
+        for n, paragraph in enumerate(chapter.paragraphs):
+            add(paragraph, heading=False, starts_chapter=not titled and n == 0)
     return "".join(parts), blocks
 
 

@@ -653,7 +653,7 @@ class _Walker:
                 or _MATTER_TITLES.get(" ".join(entry.title.casefold().split()), "")
             )
             self._chapters.append(
-                {"title": entry.title, "paragraphs": [], "matter": _MATTER_TYPES.get(matter, "")}
+                {"title": entry.title, "paragraphs": [], "matter": _MATTER_TYPES.get(matter, ""), "path": path}
             )
 
     def _start_unlisted(self, root, path: str) -> None:
@@ -662,7 +662,7 @@ class _Walker:
         title = _text(next(root.iter(*_HEADINGS), None)) or _text(root.find(".//title"))
         if self.entries:  # before the table of contents' first entry: cover, title page, ...
             matter = matter or "unlisted"
-        self._chapters.append({"title": title[:500], "paragraphs": [], "matter": matter})
+        self._chapters.append({"title": title[:500], "paragraphs": [], "matter": matter, "path": path})
 
     # --- text ---
 
@@ -720,7 +720,7 @@ class _Walker:
         if not text or not any(ch.isalnum() for ch in text):
             return
         if not self._chapters:
-            self._chapters.append({"title": "", "paragraphs": [], "matter": "unlisted"})
+            self._chapters.append({"title": "", "paragraphs": [], "matter": "unlisted", "path": ""})
         chapter = self._chapters[-1]
         if heading and not chapter["paragraphs"] and any(_same_title(text, t) for t in self._just_started()):
             return  # the chapter's own heading: its title is spoken once, as the chapter's heading
@@ -736,13 +736,15 @@ class _Walker:
 
     def _finish(self) -> list[BookChapter]:
         out: list[BookChapter] = []
-        for c in self._chapters:
+        for c, after in zip(self._chapters, [*self._chapters[1:], None], strict=True):
             if not c["title"] and not c["paragraphs"]:
                 continue
+            if c["matter"] == "unlisted" and not c["paragraphs"] and after and after["path"] == c["path"]:
+                continue  # nothing before the first entry, an anchor further in the same document
             out.append(BookChapter(len(out) + 1, c["title"], tuple(c["paragraphs"]), c["matter"]))
         # a title page (EPUB 2 books rarely mark it): the book's title as a short first chapter
         first = next((i for i, c in enumerate(out) if not c.matter), None)
-        if first is not None and _same_title(out[first].title, self.package.title) and out[first].chars < 300:
+        if first is not None and _titles_the_book(out[first].title, self.package.title) and out[first].chars < 300:
             c = out[first]
             out[first] = BookChapter(c.number, c.title, c.paragraphs, "titlepage")
         return out
@@ -756,6 +758,13 @@ def _element_matter(element) -> str:
                 return kind.lower()
         element = element.getparent()
     return ""
+
+
+def _titles_the_book(heading: str, book_title: str) -> bool:
+    """A title page's heading: the book's title, perhaps with more after it (not a chapter "1" of
+    "Sea Stories, Volume 1")."""
+    a, b = _norm(heading), _norm(book_title)
+    return bool(b) and a.startswith(b)
 
 
 def _same_title(heading: str, title: str) -> bool:

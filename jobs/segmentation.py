@@ -162,6 +162,8 @@ class Block:
     heading: bool
     #: A scene break (no text): the segment before it ends with a scene pause.
     scene: bool = False
+    #: A paragraph that starts a chapter with no title to say (a book's untitled chapter).
+    chapter: bool = False
 
 
 def _lines(text: str):
@@ -590,8 +592,9 @@ def plan_blocks(text: str, blocks: list[Block], *, markdown: bool = False, max_c
             if not any(p is not None for p, _ in pieces):
                 _add_pauses(plan, [ms for _, ms in pieces if ms])
                 continue
-            if not plan.chapters:  # text before the first heading: an untitled opening chapter
-                plan.chapters.append(Chapter(0, "", 0))
+            if not plan.chapters or block.chapter:  # before the first heading, or untitled: no title said
+                _end_previous(plan, Pause.CHAPTER)
+                plan.chapters.append(Chapter(len(plan.chapters), "", len(plan.segments)))
             _end_previous(plan, Pause.PARAGRAPH)
             paragraph += 1
         chapter = len(plan.chapters) - 1

@@ -156,6 +156,36 @@ def test_a_pages_encoding_is_its_declaration_else_utf_8():
     assert [c.paragraphs for c in read_epub(_epub_of_pages(pages)).chapters] == [(said,), (latin,), (said,), (said,)]
 
 
+def test_a_first_entry_at_an_anchor_makes_one_chapter_and_a_chapter_1_is_no_title_page():
+    docs = [
+        Doc("a.xhtml", '<section id="s1"><h1>1</h1><p>The night was cold.</p></section>', toc=[("1", "s1", 0)]),
+        Doc("b.xhtml", "<h1>2</h1><p>Morning came slowly.</p>", toc=[("2", None, 0)]),
+    ]
+    book = read_epub(build_epub(docs, title="Sea Stories, Volume 1"))
+    assert [(c.number, c.title, c.paragraphs, c.matter) for c in book.chapters] == [
+        (1, "1", ("The night was cold.",), ""),
+        (2, "2", ("Morning came slowly.",), ""),
+    ]
+    assert [c.title for c in select(book, None)] == ["1", "2"]
+    # a title page is still one: the book's title, and more after it
+    title_page = Doc("t.xhtml", "<p>by Ada Writer</p>", toc=[("Sea Stories, Volume 1: Tales", None, 0)])
+    book = read_epub(build_epub([title_page, *docs], title="Sea Stories, Volume 1"))
+    assert [c.matter for c in book.chapters] == ["titlepage", "", ""]
+
+
+def test_a_chapter_with_no_title_to_say_keeps_its_mark():
+    docs = [
+        Doc("a.xhtml", "<h1>One</h1><p>First text.</p>", toc=[("One", None, 0)]),
+        Doc("b.xhtml", "<p>Second text.</p>", toc=[("\u2726", None, 0)]),
+        Doc("c.xhtml", "<h1>Three</h1><p>Third text.</p>", toc=[("Three", None, 0)]),
+        Doc("d.xhtml", "<p>Fourth text.</p>", toc=[("* * *", None, 0)]),
+    ]
+    plan = plan_blocks(*layout(select(read_epub(build_epub(docs)), None)))
+    assert [(c.title, c.first_segment) for c in plan.chapters] == [("One", 0), ("", 2), ("Three", 3), ("", 5)]
+    assert [s.text for s in plan.segments] == ["One", "First text.", "Second text.", "Three", "Third text.", "Fourth text."]
+    assert [s.pause_after.value for s in plan.segments][1:3] == ["chapter", "chapter"]
+
+
 def test_iso_639_2_from_bcp_47():
     assert [iso639_2(c) for c in ("en-GB", "de", "fra", "pt_BR", "xx", "")] == [
         "eng",
