@@ -41,7 +41,7 @@ _CURRENCIES = {"$": ("dollar", "dollars", "cent", "cents"), "£": ("pound", "pou
 _ABBREVIATIONS = {
     "Dr.": "Doctor", "Mr.": "Mister", "Mrs.": "Missus", "Ms.": "Miz", "Prof.": "Professor", "St.": "Saint",
     "e.g.": "for example", "i.e.": "that is", "etc.": "et cetera", "vs.": "versus", "approx.": "approximately",
-    "No.": "number", "Jr.": "Junior", "Sr.": "Senior",
+    "Jr.": "Junior", "Sr.": "Senior",
 }  # fmt: skip
 
 
@@ -96,16 +96,21 @@ def decimal(text: str) -> str:
 
 
 def _number(text: str) -> str:
+    if text[:1] in _MINUS:
+        return "minus " + _number(text[1:])
     return decimal(text) if "." in text else cardinal(int(text.replace(",", "")))
 
 
 def _plural(text: str) -> bool:
-    return text.replace(",", "") not in ("1", "1.0")
+    return text.lstrip(_MINUS).replace(",", "") not in ("1", "1.0")
 
 
 # --- the English rules ---------------------------------------------------------------------------
 
 _NUM = r"\d{1,3}(?:,\d{3})+|\d+"
+_MINUS = "-\u2212"
+#: A minus sign: before a digit, after a space or an opening bracket ("-5 °C"; not "1990-2000").
+_SIGN = r"(?:(?<![\w.,\-\u2212])[-\u2212](?=\d))?"
 #: Words after which a four-digit number is a year ("in 1990", "since 2001", "December 2026").
 _YEAR_WORDS = ["in", "In", "since", "Since", "by", "from", "From", "until", "of", "circa"]
 
@@ -128,6 +133,11 @@ def _currency(m: re.Match) -> str:
         value = int(cents.ljust(2, "0"))
         words += f" and {cardinal(value)} {sub_one if value == 1 else sub_many}"
     return words
+
+
+def _hour(m: re.Match) -> str:
+    """"5pm", "11 a.m." """
+    return cardinal(int(m["hour"])) + (" a m" if m["half"][0].lower() == "a" else " p m") + (_end(m) if m["half"].endswith(".") else "")
 
 
 def _time(m: re.Match) -> str:
@@ -162,19 +172,24 @@ _RULES: list[tuple[str, Callable[[re.Match], str]]] = [
         r"(?P<cur>[$£€¥])\s?(?P<amount>" + _NUM + r")(?:\.(?P<cents>\d{1,2}))?(?:\s(?P<scale>thousand|million|billion|trillion)\b)?",
         _currency,
     ),
-    (r"\b(?P<h>[01]?\d|2[0-3]):(?P<min>[0-5]\d)(?:\s?(?P<ampm>[ap]\.?m\.?)(?!\w))?", _time),
-    (r"(?P<pct>\d+(?:\.\d+)?)\s?%", lambda m: f"{_number(m['pct'])} percent"),
+    (r"\b(?P<h>[01]?\d|2[0-3]):(?P<min>[0-5]\d)(?!\d)(?:\s?(?P<ampm>[aApP]\.?[mM]\.?)(?!\w))?", _time),
+    (r"\b(?P<hour>1[0-2]|0?[1-9])\s?(?P<half>[aApP]\.?[mM]\.?)(?!\w)", _hour),
+    (r"(?P<pct>" + _SIGN + r"\d+(?:\.\d+)?)\s?%", lambda m: f"{_number(m['pct'])} percent"),
     (r"\b(?P<ord>\d+)(?:st|nd|rd|th)\b", lambda m: ordinal(int(m["ord"]))),
     (r"\b(?P<decade>1[1-9]\d0|20\d0)s\b", lambda m: year(int(m["decade"])).rsplit(" ", 1)[0] + " " + _decade_word(int(m["decade"]))),
+    (r"(?<![\w'])'?(?P<decade2>[1-9]0)s\b", lambda m: _decade_word(1900 + int(m["decade2"]))),  # the '80s
     (_after(_YEAR_WORDS + _MONTHS) + r"(?P<year>1[1-9]\d\d|20\d\d)\b(?![,.]\d)", lambda m: year(int(m["year"]))),
     (_after(_MONTHS) + r"(?P<day>[1-9]|[12]\d|3[01])\b(?![:.]\d)", lambda m: ordinal(int(m["day"]))),
     (
-        r"(?P<value>\d+(?:\.\d+)?)\s?(?P<unit>km/h|°C|°F|" + "|".join(sorted((u for u in _UNITS if u[0] != "°" and u != "km/h"), key=len, reverse=True)) + r")(?![\w/])",
+        r"(?P<value>" + _SIGN + r"\d+(?:\.\d+)?)\s?(?P<unit>km/h|°C|°F|" + "|".join(sorted((u for u in _UNITS if u[0] != "°" and u != "km/h"), key=len, reverse=True)) + r")(?![\w/])",
         _unit,
     ),
     (r"\bv(?P<ver>\d+(?:\.\d+)+)\b", lambda m: "version " + " point ".join(cardinal(int(p)) for p in m["ver"].split("."))),
-    (r"(?P<dec>\d+\.\d+)", lambda m: decimal(m["dec"])),
-    (r"(?P<int>" + _NUM + r")", lambda m: cardinal(int(m["int"].replace(",", "")))),
+    (r"(?P<dec>" + _SIGN + r"\d+\.\d+)", lambda m: _number(m["dec"])),
+    (r"(?P<int>" + _SIGN + "(?:" + _NUM + r"))", lambda m: _number(m["int"])),
+    (r"\bNo\.(?=\s?\d)", lambda m: "number"),
+    # "Main St." is a street where a name is before it and no name after it; "St. Paul" a saint
+    (r"(?P<street>\b[A-Z][a-z]+ )St\.(?=\s+[a-z]|\s*[,;:)]|\s*$)", lambda m: m["street"] + "Street" + _end(m)),
     ("(?P<abbr>" + "|".join(re.escape(a) for a in _ABBREVIATIONS) + r")(?=\s|$)", lambda m: _ABBREVIATIONS[m["abbr"]] + _end(m)),
     (r"(?<!\w)&(?!\w)", lambda m: "and"),
 ]
@@ -203,6 +218,11 @@ def normalize(text: str, language: str = "eng") -> tuple[str, list[list[int]]]:
         said = _RULES[rule][1](m)
         if said == m.group(0):
             continue
+        # words, not glued to the letters around them ("MP3", "5pm", "H2O")
+        if m.start() and text[m.start() - 1].isalpha() and said[:1].isalnum():
+            said = " " + said
+        if m.end() < len(text) and text[m.end()].isalpha() and said[-1:].isalnum():
+            said += " "
         out.append(text[pos : m.start()])
         length += m.start() - pos
         spans.append([length, length + len(said), m.start(), m.end()])

@@ -27,7 +27,12 @@ from jobs.service import JobRequest, validate
         ("Upgrade to v2.3.1 now.", "Upgrade to version two point three point one now."),
         ("It weighs 1 kg, or 2.2 lb, at 20 °C.", "It weighs one kilogram, or two point two pounds, at twenty degrees Celsius."),
         ("Tom & Jerry, e.g. cartoons, etc.", "Tom and Jerry, for example cartoons, et cetera."),
-        ("We left at 5 p.m.", "We left at five p.m."),
+        ("We left at 5 p.m.", "We left at five p m."),
+        ("Meet at 5pm or 4:30PM, not 11 AM.", "Meet at five p m or four thirty p m, not eleven a m."),
+        ("Save it as MP3, drink H2O, do 3x more.", "Save it as MP three, drink H two O, do three x more."),
+        ("No. I won't be No. 5 on Main St.", "No. I won't be number five on Main Street."),
+        ("St. Paul's is on Main St., in the '80s and 90s.", "Saint Paul's is on Main Street, in the eighties and nineties."),
+        ("It was -5 °C, a -12% drop, -0.5 more; pages 5-7.", "It was minus five degrees Celsius, a minus twelve percent drop, minus zero point five more; pages five-seven."),
         ("No numbers here.", "No numbers here."),
     ],
 )
