@@ -245,9 +245,14 @@ def parse_html(data: bytes, name: str) -> etree._Element:
     _refuse_entities(data, name)
     parser = html.HTMLParser(no_network=True, huge_tree=False, encoding=_encoding_of(data))
     try:
-        return html.document_fromstring(data, parser=parser)
+        root = html.document_fromstring(data, parser=parser)
     except (etree.ParserError, ValueError) as exc:
         raise BookError(f"the EPUB's {name[:200]!r} cannot be read as XHTML: {exc}") from None
+    # past its limits (256 levels of nesting, 10 MB of text in one piece) libxml2 drops the rest of
+    # the page without a word: refused, rather than narrated in part
+    if limit := next((e for e in parser.error_log if e.type_name == "ERR_RESOURCE_LIMIT"), None):
+        raise BookError(f"the EPUB's {name[:200]!r} cannot be read whole ({limit.message.split(',')[0]})")
+    return root
 
 
 # --- the package document ----------------------------------------------------------------------------

@@ -304,9 +304,13 @@ FONTS_ONLY = AES.replace(
             lambda: _with(sample_book(2), replace={"OEBPS/content.opf": _traversing_opf()}),
             "points outside its archive",
         ),
+        (
+            lambda: build_epub([Doc("a.xhtml", "<p>Hi.</p>" + "<span>" * 300 + "Deep.<p>After.</p>")]),
+            r"'OEBPS/text/a.xhtml' cannot be read whole \(Excessive depth in document: 256",
+        ),
     ],
     ids=["not-zip", "no-container", "dotdot", "absolute", "entities", "drm-encryption", "drm-adobe", "no-spine",
-         "ratio-bomb", "href-traversal"],
+         "ratio-bomb", "href-traversal", "too-deep"],
 )  # fmt: skip
 def test_hostile_epubs_are_refused_with_the_reason(make, message):
     with pytest.raises(BookError, match=message):
