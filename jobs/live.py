@@ -194,12 +194,13 @@ def decode_file(storage: Storage, key: str, start_s: float, rate: int):
 
     with storage.open_read(key) as raw, av.open(raw) as container:
         stream = container.streams.audio[0]
+        origin = stream.start_time or 0  # the first sample's time stamp (after an MP3's encoder delay)
         if start_s > 0:  # to the packet at or before the point; the samples before it are dropped
-            container.seek(int(start_s / stream.time_base), stream=stream, backward=True)
+            container.seek(int(start_s / stream.time_base) + origin, stream=stream, backward=True)
         resampler = av.AudioResampler(format="s16", layout="mono", rate=rate)
         skip_to = round(start_s * rate)
         for frame in container.decode(stream):
-            at = round(float(frame.pts * stream.time_base) * rate) if frame.pts is not None else None
+            at = round(float((frame.pts - origin) * stream.time_base) * rate) if frame.pts is not None else None
             for out in resampler.resample(frame):
                 pcm = out.to_ndarray().reshape(-1)
                 if at is not None and at < skip_to:

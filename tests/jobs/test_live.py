@@ -1,6 +1,7 @@
 """The live reader (jobs/live.py) against the assembler's own keys (fakeredis with the production Lua):
 deltas in order as they arrive, a retried attempt continued from the sample the listener is at, the
-assembled part after it, the pauses between segments, and an ended job ending the stream."""
+assembled part after it, the pauses between segments, and an ended job ending the stream; a finished
+file read from a point, in every format."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import numpy as np
 import pytest
 
 from fleet.messages import AudioChunk
-from jobs.audio import Pauses
-from jobs.live import LiveAudio, LiveEnded
-from jobs.segmentation import Pause
+from fleet.storage import LocalStorage
+from jobs.audio import Pauses, stitch
+from jobs.live import LiveAudio, LiveEnded, decode_file
+from jobs.segmentation import Pause, plan_text
 from tests.workers.test_assembler import LOUD, deliver, make_harness, new_job, pcm
 
 RATE = 24_000
@@ -124,3 +126,16 @@ def test_a_chapter_out_of_range_is_refused(harness):
             live.first_segment(3)
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "m4a", "flac"])
+def test_a_finished_file_is_read_from_a_segments_start(tmp_path, fmt):
+    plan = plan_text("One. Two. Three.")
+    noise = {s.index: (3000 * np.random.default_rng(s.index).standard_normal(RATE)).astype("<i2") for s in plan.segments}
+    manifest = stitch(
+        plan, lambda i: noise[i].tobytes(), tmp_path / f"b.{fmt}", fmt=fmt, model_rate=RATE, out_rate=RATE,
+        pauses=Pauses(300, 700, 1500), samples={i: RATE for i in noise},
+    )  # fmt: skip
+    heard = np.concatenate(list(decode_file(LocalStorage(tmp_path), f"b.{fmt}", manifest.segments[1]["start_s"], RATE)))
+    found = int(np.argmax(np.correlate(heard[:4000].astype(float), noise[1][:2000].astype(float), "valid")))
+    assert found <= 16  # Opus's 16 (its resampling); an MP3 read its encoder's delay first (1,105)
