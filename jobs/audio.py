@@ -169,21 +169,33 @@ def stitch(
         path = chapter_dir / chapter_file_name(number, spec)
         part[0] = open_sink(path, spec, out_rate, kbps=kbps, tags=chapter_tags, cover=cover)
 
+    # chapter files to open at an output sample (the resampler holds some back: the last of a
+    # chapter may come out after the next one's first input)
+    opening: list[tuple[int, PlanChapter]] = []
+
     try:
 
-        def write(pcm: np.ndarray, last: bool = False) -> None:
-            data = resampler.resample_chunk(pcm, last=last) if resampler is not None else pcm
+        def emit(data: np.ndarray) -> None:
             if data.size:
                 out.write(data)
                 if part[0] is not None:
                     part[0].write(data)
                 manifest.samples += int(data.size)
 
+        def write(pcm: np.ndarray, last: bool = False) -> None:
+            data = resampler.resample_chunk(pcm, last=last) if resampler is not None else pcm
+            while opening and manifest.samples + data.size >= opening[0][0]:
+                cut = max(opening[0][0] - manifest.samples, 0)
+                emit(data[:cut])
+                data = data[cut:]
+                next_chapter(opening.pop(0)[1])
+            emit(data)
+
         for segment in plan.segments:
             if segment.index in chapter_starts:
                 chapter = chapter_starts[segment.index]
                 if chapter_dir is not None:
-                    next_chapter(chapter)
+                    opening.append((round(position * ratio), chapter))
                 manifest.chapters.append(
                     {
                         "index": chapter.index,
