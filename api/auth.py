@@ -1,6 +1,7 @@
 """Who a request acts as (``Authorization: Bearer <key>``, or a signed link's token), and the
-tenant's request rate. Settings ``auth``: "auto" asks for keys once any exists (before that, and
-only on loopback, requests act as the tenant "default"); "required" always; "off" never."""
+tenant's request rate. Settings ``auth``: "auto" asks for keys once one has been made, even if
+all are revoked since (before that, requests act as the tenant "default", and ``narrate api``
+listens only on loopback); "required" always; "off" never."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from api.errors import Unauthorized
 from api.state import AppState, app_state
 from jobs.tenants import DEFAULT_TENANT, Principal
 
-#: Who everyone is when no key is needed (auth off, or no key exists yet in "auto").
+#: Who everyone is when no key is needed (auth off, or no key made yet in "auto").
 ANONYMOUS = Principal(DEFAULT_TENANT, admin=True)
 
 
@@ -32,7 +33,7 @@ async def identify(request: Request, st: AppState, link: str | None = None) -> P
         job_id = request.path_params["job_id"]
         st.signer.check(job_id, link, token)
         return Principal("", link_job=job_id)
-    if st.settings.auth == "auto" and not await st.tenants.any_key():
+    if st.settings.auth == "auto" and not await st.tenants.keys_made():
         return ANONYMOUS
     raise Unauthorized("this API needs a key: Authorization: Bearer <key> (made with `narrate keys create`)")
 

@@ -72,6 +72,11 @@ class Names:
         """Hash: SHA-256 of an API key -> JSON {tenant, admin, label, created_at} (jobs/tenants.py)."""
         return f"{self.prefix}:keys"
 
+    def api_keys_made(self) -> str:
+        """String: set when the first key is made and never unset, so that revoking the last key
+        does not open an "auto" API to everyone (jobs/tenants.py)."""
+        return f"{self.prefix}:keys-made"
+
     def tenants(self) -> str:
         """Set of tenant names."""
         return f"{self.prefix}:tenants"

@@ -108,7 +108,10 @@ class TenantStore:
         await self.ensure_tenant(check_tenant_name(tenant))
         key = KEY_PREFIX + secrets.token_urlsafe(32)
         record = KeyRecord(tenant, admin, label[:200], time.time())
-        await self.redis.hset(self.names.api_keys(), key_id(key), json.dumps(asdict(record)))
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(self.names.api_keys(), key_id(key), json.dumps(asdict(record)))
+        pipe.set(self.names.api_keys_made(), "1")
+        await pipe.execute()
         return key
 
     async def principal(self, key: str) -> Principal | None:
@@ -138,8 +141,9 @@ class TenantStore:
             await self.redis.hdel(self.names.api_keys(), *ids)
         return len(ids)
 
-    async def any_key(self) -> bool:
-        return bool(await self.redis.exists(self.names.api_keys()))
+    async def keys_made(self) -> bool:
+        """Whether a key was ever made (revoked or not): from then on "auto" asks for one."""
+        return bool(await self.redis.exists(self.names.api_keys(), self.names.api_keys_made()))
 
     # --- tenants ---------------------------------------------------------------------------------
 

@@ -58,7 +58,8 @@ def open_without_keys(host: str, settings: Settings) -> str | None:
     if loopback or settings.auth != "auto":  # "required" refuses everyone without a key anyway
         return None
     with sync_client(settings) as client:
-        if client.exists(Names(settings.key_prefix).api_keys()):
+        names = Names(settings.key_prefix)
+        if client.exists(names.api_keys(), names.api_keys_made()):
             return None
     return (
         f"refusing to serve {host} without API keys: make one with `narrate keys create --tenant NAME`, "
