@@ -108,9 +108,9 @@ class TenantStore:
         await self.ensure_tenant(check_tenant_name(tenant))
         key = KEY_PREFIX + secrets.token_urlsafe(32)
         record = KeyRecord(tenant, admin, label[:200], time.time())
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.hset(self.names.api_keys(), key_id(key), json.dumps(asdict(record)))
+        pipe = self.redis.pipeline(transaction=False)  # two slots on a cluster: the marker may come first
         pipe.set(self.names.api_keys_made(), "1")
+        pipe.hset(self.names.api_keys(), key_id(key), json.dumps(asdict(record)))
         await pipe.execute()
         return key
 
