@@ -29,6 +29,7 @@ MAX_SAY_CHARS = 200
 MAX_LEXICONS = 100
 NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _PHONEME_CHARS = re.compile(r"[ -Z\\^-~]+")  # printable ASCII but [ and ]
+_SURROGATE = re.compile("[\ud800-\udfff]")  # JSON may carry one alone; nothing can encode it
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +75,9 @@ def entries_from(raw, where: str = "lexicon") -> list[Entry]:
         text = match if match is not None else regex
         if not isinstance(text, str) or not text.strip():
             raise InvalidRequest(f"{at}: match/regex is empty")
+        for field, value in (("match/regex", text), ("say", say), ("phonemes", phonemes)):
+            if isinstance(value, str) and _SURROGATE.search(value):
+                raise InvalidRequest(f"{at}: {field} is not valid Unicode (a lone surrogate)")
         if len(text) > MAX_PATTERN_CHARS:
             raise InvalidRequest(f"{at}: match/regex has {len(text)} characters; at most {MAX_PATTERN_CHARS}")
         if (say is None) == (phonemes is None):
@@ -96,6 +100,8 @@ def entries_from(raw, where: str = "lexicon") -> list[Entry]:
             raise InvalidRequest(f"{at}: regex {regex!r} is not valid RE2: {exc}") from None
         if compiled.search(""):
             raise InvalidRequest(f"{at}: regex {regex!r} matches empty text")
+        if compiled.groupindex:  # the job's pattern names a group per entry: a name of its own clashes
+            raise InvalidRequest(f"{at}: regex {regex!r} names a group; use (...) or (?:...)")
         out.append(entry)
     return out
 

@@ -3,7 +3,11 @@ its replacements; refusals write nothing."""
 
 from __future__ import annotations
 
+import asyncio
+
 from jobs.store import JobStore
+
+JSON = {"content-type": "application/json"}
 
 
 def test_lexicons_are_created_replaced_listed_used_and_deleted(api):
@@ -54,13 +58,24 @@ def test_bad_lexicons_are_refused_and_nothing_is_stored(api):
             await c.put("/v1/lexicons/ok", json={"entries": [{"regex": "(a+", "say": "x"}]}),
             await c.put("/v1/lexicons/ok", json={"entries": [{"match": "a", "say": "b"}] * 1001}),
             await c.post("/v1/jobs", json={"text": "Hi.", "lexicon": [{"regex": "a*", "say": "x"}]}),
+            # a group named as the job's pattern names its entries' (e0, e1...) hung the submit
+            await asyncio.wait_for(
+                c.post("/v1/jobs", json={"text": "Hi x.", "lexicon": [{"regex": "(?P<e1>x)", "say": "y"}, {"match": "Hi", "say": "Hello"}]}),
+                10,
+            ),
+            # a lone surrogate (valid JSON) was stored, then a 500 on every read and job
+            await c.put("/v1/lexicons/ok", content='{"entries":[{"match":"Bob","say":"B\\ud800b"}]}', headers=JSON),
+            await c.post("/v1/jobs", content='{"text":"Hi.","lexicon":[{"match":"\\udc00","say":"x"}]}', headers=JSON),
         ]
         return out, await a.keys()
 
     out, keys = api(scenario)
-    assert [r.status_code for r in out] == [422, 422, 422, 422]
+    assert [r.status_code for r in out] == [422] * 7
     assert "lexicon name 'Bad Name'" in out[0].json()["detail"]
     assert "is not valid RE2" in out[1].json()["detail"]
     assert "at most 1,000" in out[2].json()["detail"]
     assert "matches empty text" in out[3].json()["detail"]
+    assert "names a group; use (...) or (?:...)" in out[4].json()["detail"]
+    assert "say is not valid Unicode (a lone surrogate)" in out[5].json()["detail"]
+    assert "match/regex is not valid Unicode" in out[6].json()["detail"]
     assert keys == []
