@@ -108,7 +108,7 @@ async def create_speech(request: Request, st: AppState = Depends(app_state), who
 def _speech_request(raw: bytes, max_chars: int) -> SpeechRequest:
     try:
         data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # (nested past the parser's depth)
         raise OpenAIError(400, "the request body is not valid JSON") from None
     try:
         body = SpeechRequest.model_validate(data)

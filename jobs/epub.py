@@ -28,6 +28,7 @@ import io
 import posixpath
 import re
 import zipfile
+import zlib
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
@@ -151,7 +152,7 @@ class _Archive:
         try:
             with self.zip.open(info) as member:
                 data = member.read(info.file_size + 1)
-        except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as exc:
+        except (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, NotImplementedError) as exc:
             raise BookError(f"the EPUB's file {name[:200]!r} cannot be unpacked: {exc}") from None
         if len(data) > info.file_size:  # a header that lies about the size
             raise BookError(
