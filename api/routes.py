@@ -113,7 +113,7 @@ def _parse_body(raw: bytes, model: type[BaseModel], fields: dict | None = None):
     else:
         try:  # Python's parser: it keeps a lone surrogate (valid JSON), so validation can say what it is
             data, strict = json.loads(raw), None
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):  # (nested past the parser's depth)
             raise RequestValidationError(
                 [{"type": "json_invalid", "loc": ("body",), "msg": "invalid JSON"}]
             ) from None
@@ -141,6 +141,7 @@ class FormBody:
 
 #: Fields a form may repeat (or give comma-separated): they are lists.
 _LIST_FIELDS = frozenset({"chapters", "lexicons"})
+_NUMBER = re.compile(r"[0-9]{1,9}")  # str.isdigit() takes "²", and int() of 5,000 digits raises
 
 
 async def _read_form(request: Request, settings) -> FormBody:
@@ -156,11 +157,13 @@ async def _read_form(request: Request, settings) -> FormBody:
             elif key == "lexicon":  # a JSON list in a form field
                 try:
                     fields[key] = json.loads(value)
-                except ValueError:
+                except (ValueError, RecursionError):
                     raise InvalidRequest("lexicon: a JSON list of entries") from None
             elif key in _LIST_FIELDS:
                 items = [v.strip() for v in value.split(",") if v.strip()]
-                fields.setdefault(key, []).extend(int(v) if v.isdigit() else v for v in items)
+                # chapters by number or title; a lexicon's name is a name even if all digits ("2024")
+                number = key == "chapters"
+                fields.setdefault(key, []).extend(int(v) if number and _NUMBER.fullmatch(v) else v for v in items)
             else:
                 fields[key] = value
     finally:
@@ -229,15 +232,19 @@ async def create_job(
 
 async def submit(st: AppState, job: Job, plan, cover, encoded, limits) -> None:
     """1) a job slot, 2) the day's characters (a refused job spends none), 3) store and queue; what
-    was taken is given back if a step fails."""
+    was taken is given back if a step fails (``enqueue`` fails only if the job was not stored)."""
+    counted = False
     try:
         await service.reserve_slot(st.store, job, limits.concurrent_jobs)
         await st.quotas.characters(job.tenant, limits.chars_per_day, job.text_chars)
+        counted = True
         await service.store_cover(st.storage, job, cover)
         reuse = service.Reuse(st.cache, lambda job_id: asyncio.to_thread(enqueue_finalize, st.settings, job_id, st.rq))
         await service.enqueue(st.store, job, plan, weight=limits.weight, encoded=encoded, reuse=reuse)
     except BaseException:
         await st.store.release_job_slot(job.tenant, job.id)
+        if counted:  # "try again" (a 503) must not spend the day's budget
+            await st.quotas.give_back_characters(job.tenant, limits.chars_per_day, job.text_chars)
         if job.cover:
             await asyncio.to_thread(st.storage.delete_prefix, job.objects.outputs_prefix)
         raise

@@ -72,3 +72,8 @@ class RateQuotas:
                 f"{count:,}",
                 self._wait(stats.reset_time),
             )
+
+    async def give_back_characters(self, tenant: str, per_day: int, count: int) -> None:
+        """Uncount a job's characters (it was refused after they were counted: nothing was kept)."""
+        item = RateLimitItemPerDay(per_day)
+        await self._chars.storage.incr(item.key_for(tenant), item.get_expiry(), amount=-count)

@@ -47,3 +47,28 @@ def api(tmp_path):
         return asyncio.run(main())
 
     return run
+
+
+@pytest.fixture
+def real_api(tmp_path, redis_url, key_prefix):
+    """As ``api``, on the real Redis (what fakeredis cannot do: WAIT, the rate limiter's scripts)."""
+    import redis as sync_redis
+    import redis.asyncio as aioredis
+
+    def run(scenario, **overrides):
+        settings = Settings(redis_url=redis_url, key_prefix=key_prefix, data_dir=tmp_path, **overrides)
+
+        async def main():
+            redis = aioredis.from_url(redis_url)
+            app = create_app(settings, redis_client=redis, rq_client=sync_redis.Redis.from_url(redis_url))
+            try:
+                async with app.router.lifespan_context(app):
+                    transport = httpx.ASGITransport(app=app)
+                    async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+                        return await scenario(Api(settings, redis, client))
+            finally:
+                await redis.aclose()
+
+        return asyncio.run(main())
+
+    return run
