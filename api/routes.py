@@ -216,7 +216,7 @@ async def create_job(
     )
     claim = None
     if idempotency_key is not None:
-        claim = Idempotency(st.store.redis, st.store.names, who.tenant, idempotency_key, raw)
+        claim = Idempotency(st.store.redis, st.store.names, who.tenant, idempotency_key, _fingerprint(body, form))
         if (earlier := await claim.claim()) is not None:
             return JobAccepted.of(existing := await service.get(st.store, earlier, who), links(st, existing))
     try:
@@ -228,6 +228,15 @@ async def create_job(
     if claim is not None:
         await claim.bind(job.id)
     return JobAccepted.of(job, links(st, job))
+
+
+def _fingerprint(body: JobCreate, form: FormBody | None) -> bytes:
+    """What makes a retry the same request: the body as read, not its bytes (a form's boundary is
+    new on every try; JSON's key order and spaces say nothing), and the file."""
+    parts = [body.model_dump_json().encode()]
+    if form is not None and form.upload is not None:
+        parts += [form.upload.name.encode(), form.upload.data]
+    return b"\0".join(parts)
 
 
 async def submit(st: AppState, job: Job, plan, cover, encoded, limits) -> None:
