@@ -122,7 +122,8 @@ async def http_error(request: Request, exc: StarletteHTTPException) -> JSONRespo
             match, _ = route.matches({**request.scope, "method": "GET"})
             if match != Match.NONE:
                 methods |= set(getattr(route, "methods", None) or ())
-        headers["Allow"] = ", ".join(sorted(methods))
+        if methods:  # else a mounted app's answer (static files: its own Allow, GET and HEAD)
+            headers["Allow"] = ", ".join(sorted(methods))
     return problem(exc.status_code, str(exc.detail), request, headers=headers)
 
 

@@ -68,6 +68,8 @@ def test_the_page_and_its_files_come_from_the_app(api):
         head = await a.client.head("/")
         assert head.status_code == 200
         assert (await a.client.get("/static/nothing.js")).status_code == 404
+        post = await a.client.post("/static/app.js")
+        assert post.status_code == 405 and post.headers["allow"] == "GET, HEAD"  # a mount's methods too
 
     api(scenario)
 
