@@ -12,7 +12,6 @@ nothing twice. A feed that fails hands the failure to every subscriber, whose st
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import re
@@ -23,7 +22,9 @@ from jobs.store import Event, JobStore
 
 log = logging.getLogger(__name__)
 
-_EVENT_ID = re.compile(r"^\d+-\d+$")
+#: Two 64-bit unsigned integers: ASCII digits only (``\d`` takes any script's, ``$`` a trailing newline), and
+#: at most 20 of them, so int() never meets a number too long to convert.
+_EVENT_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 #: Events a slow subscriber may have waiting before it is cut off (it reconnects with Last-Event-ID).
 SUBSCRIBER_BACKLOG = 10_000
 
@@ -31,7 +32,7 @@ SUBSCRIBER_BACKLOG = 10_000
 def resume_point(last_event_id: str | None, after: str | None) -> str:
     """Where a stream starts: after the client's last event (header or query), else the beginning."""
     resume = last_event_id or after or "0-0"
-    if not _EVENT_ID.match(resume) or any(int(part) >= 2**64 for part in resume.split("-")):
+    if not _EVENT_ID.fullmatch(resume) or any(int(part) >= 2**64 for part in resume.split("-")):
         raise InvalidEventId(f"Last-Event-ID {quoted(resume)} is not an event id of this API")
     return resume
 
@@ -99,7 +100,9 @@ class Feed:
                 queue.put_nowait(item)
             except asyncio.QueueFull:  # far behind: cut it off; it resumes with Last-Event-ID
                 self.subscribers.discard(queue)
-                with contextlib.suppress(asyncio.QueueEmpty):
+                # drop all it has waiting, not just the oldest: its last id then comes before every
+                # event it did not get, and the resume replays them all (no gap)
+                while not queue.empty():
                     queue.get_nowait()
                 queue.put_nowait(FAILED)
 
@@ -115,13 +118,15 @@ class EventHub:
         if self.feeds.get(feed.job_id) is feed:
             del self.feeds[feed.job_id]
 
-    def _join(self, job_id: str, after: str) -> asyncio.Queue:
+    def _join(self, job_id: str, after: str) -> tuple[asyncio.Queue, str]:
+        """A queue of the job's feed (a new feed starts after ``after``), and the last event the feed
+        has handed out: every later one reaches the queue."""
         queue: asyncio.Queue = asyncio.Queue(maxsize=SUBSCRIBER_BACKLOG)
         feed = self.feeds.get(job_id)
         if feed is None or feed.task.done():
             feed = self.feeds[job_id] = Feed(self.store, job_id, after, self._forget)
         feed.subscribers.add(queue)
-        return queue
+        return queue, feed.after
 
     def _leave(self, job_id: str, queue: asyncio.Queue) -> None:
         feed = self.feeds.get(job_id)
@@ -140,11 +145,14 @@ class EventHub:
                     after = event.id
                     yield event
             return
-        # 1) join the feed (from now on nothing new is missed), 2) replay the past, 3) follow
+        # 1) join the feed (from now on nothing new is missed), 2) replay the past up to where the feed
+        # was at the join, 3) follow. The join awaits nothing, so no event falls between the replay and
+        # the feed; the newest id read before it only places a new feed (an event a running feed hands
+        # out while this reads is in the replay).
         newest = await self.store.last_event_id(job_id) or "0-0"
-        queue = self._join(job_id, newest if _id(newest) > _id(after) else after)
+        queue, joined = self._join(job_id, newest if _id(newest) > _id(after) else after)
         try:
-            while _id(after) < _id(newest) and (events := await self.store.read_events(job_id, after, None)):
+            while _id(after) < _id(joined) and (events := await self.store.read_events(job_id, after, None)):
                 for event in events:
                     after = event.id
                     yield event
