@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -31,6 +32,8 @@ from jobs.segmentation import Block, Plan, Segment, plain, plan_blocks, plan_tex
 from jobs.store import JobStore
 from jobs.tenants import DEFAULT_TENANT, Principal
 from models.registry import MODELS, UnknownModelError, get_model
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -388,7 +391,10 @@ async def enqueue(
         await store.release_job_slot(job.tenant, job.id)
         raise
     if plan.reused:
-        await record_reused(store, job, plan, reuse.finalize)
+        try:
+            await record_reused(store, job, plan, reuse.finalize)
+        except Exception:  # the job is stored, so accepted: the sweep queues a finalize that did not land
+            log.exception("job %s: recording its reused segments or queueing its finalize failed", job.id)
 
 
 @dataclass(frozen=True)
