@@ -33,8 +33,11 @@ class LinkSigner:
     def check(self, job_id: str, kind: str, token: str) -> None:
         """``Unauthorized`` unless ``token`` opens ``kind`` of ``job_id`` now."""
         expiry, _, signature = token.partition(".")
-        if not expiry.isdigit() or not hmac.compare_digest(
-            signature, self._signature(job_id, kind, int(expiry))
+        # ASCII digits only, and few (str.isdigit() takes "²", int() refuses 5,000 digits); the
+        # signature compared as bytes (compare_digest refuses a str with non-ASCII in it)
+        well_formed = 0 < len(expiry) <= 20 and expiry.isascii() and expiry.isdigit()
+        if not well_formed or not hmac.compare_digest(
+            signature.encode("utf-8", "surrogatepass"), self._signature(job_id, kind, int(expiry)).encode()
         ):
             raise Unauthorized("the link's token is not valid for this job")
         if int(expiry) < time.time():

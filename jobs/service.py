@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -466,10 +467,16 @@ async def list_jobs(
         if not ids:
             return JobPage(jobs, None)
         scanned += len(ids)
-        after = ids[-1]
-        for job in await store.get_many([job_id for job_id, _ in ids]):
+        found = await store.get_many([job_id for job_id, _ in ids])
+        for n, (entry, job) in enumerate(zip(ids, found, strict=True)):
+            after = entry
             if job is not None and (status is None or job.status == status):
                 jobs.append(job)
+                if len(jobs) == limit:
+                    # full: the next page starts right after this job, not after the rest of this batch
+                    if n == len(ids) - 1 and len(ids) < limit:
+                        return JobPage(jobs, None)
+                    return JobPage(jobs, f"{after[1]!r}:{after[0]}")
         if len(ids) < limit:
             return JobPage(jobs, None)
     return JobPage(jobs, f"{after[1]!r}:{after[0]}")
@@ -480,11 +487,14 @@ def _parse_cursor(cursor: str | None) -> tuple[str, float] | None:
         return None
     score, _, job_id = cursor.partition(":")
     try:
-        return job_id, float(score)
+        value = float(score)
+        if not math.isfinite(value):  # float() takes nan and inf: no job was made then (Redis refuses nan)
+            raise ValueError(score)
     except ValueError:
         raise InvalidRequest(
             f"cursor {quoted(cursor)} is not a cursor of this API (use next_cursor)"
         ) from None
+    return job_id, value
 
 
 async def delete(store: JobStore, storage: Storage, settings: Settings, job: Job, rq_connection=None) -> bool:

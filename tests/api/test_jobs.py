@@ -204,3 +204,43 @@ def test_a_cover_is_kept_for_the_finalize_as_its_bytes(api, tmp_path):
     job, settings = api(scenario)
     stored = settings.storage_dir / JobObjects(job["tenant"], job["id"]).cover
     assert stored.read_bytes() == png
+
+
+def test_a_filtered_list_holds_at_most_limit_jobs_and_its_cursor_skips_none(api):
+    async def scenario(a):
+        ids = [(await a.client.post("/v1/jobs", json={"text": f"Hi there {i}."})).json()["id"] for i in range(6)]
+        every = [j["id"] for j in (await a.client.get("/v1/jobs", params={"limit": 100})).json()["jobs"]]
+        # the second newest and one further down end up in another state
+        for job_id in (every[1], every[4]):
+            await a.redis.hset(Names("t").job(job_id), "status", "failed")
+        walks = {}
+        for limit in (1, 2, 3):
+            pages, cursor = [], None
+            while True:
+                params = {"status": "queued", "limit": limit} | ({"cursor": cursor} if cursor else {})
+                r = await a.client.get("/v1/jobs", params=params)
+                assert r.status_code == 200, r.text
+                pages.append([j["id"] for j in r.json()["jobs"]])
+                cursor = r.json()["next_cursor"]
+                if cursor is None or len(pages) > 10:
+                    break
+            walks[limit] = pages
+        return ids, every, walks
+
+    ids, every, walks = api(scenario)
+    assert sorted(every) == sorted(ids)
+    queued = [job_id for i, job_id in enumerate(every) if i not in (1, 4)]
+    for limit, pages in walks.items():
+        assert all(len(page) <= limit for page in pages), (limit, pages)
+        assert [job_id for page in pages for job_id in page] == queued, (limit, pages)
+    assert walks[2][0] == [every[0], every[2]]
+
+
+@pytest.mark.parametrize("cursor", ["nan:x", "NaN:x", "inf:x", "-inf:x", "infinity:x", "not-a-number:x"])
+def test_a_cursor_that_is_no_finite_time_is_a_422(api, cursor):
+    async def scenario(a):
+        await a.client.post("/v1/jobs", json={"text": "Hi there."})
+        return await a.client.get("/v1/jobs", params={"cursor": cursor})
+
+    r = api(scenario)
+    assert r.status_code == 422 and "is not a cursor of this API" in r.json()["detail"], r.text
