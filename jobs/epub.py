@@ -228,12 +228,17 @@ _META_CHARSET = re.compile(rb"""<meta[^>]*?charset\s*=\s*["']?([A-Za-z0-9._-]{1,
 
 
 def _encoding_of(data: bytes) -> str:
-    """A content document's encoding: its byte-order mark, its XML declaration, its <meta charset>,
-    else UTF-8, as EPUB requires (libxml2's HTML parser would guess Latin-1 and garble the text)."""
+    """A content document's encoding: its byte-order mark; UTF-8 if it reads as UTF-8 (as EPUB
+    requires, whatever an old declaration says); else its XML declaration or <meta charset>; else
+    UTF-8 (libxml2's HTML parser would guess Latin-1 and garble the text)."""
     if data.startswith(b"\xef\xbb\xbf"):
         return "utf-8"
     if data.startswith((b"\xff\xfe", b"\xfe\xff")):
         return "utf-16"
+    if b"\x00" not in data:  # (UTF-16 without its mark has NULs, which are valid UTF-8)
+        with contextlib.suppress(UnicodeDecodeError):
+            data.decode("utf-8")
+            return "utf-8"
     declared = _XML_ENCODING.match(data) or _META_CHARSET.search(data[:2048])
     if declared:
         with contextlib.suppress(LookupError):

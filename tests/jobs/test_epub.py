@@ -152,8 +152,9 @@ def test_a_pages_encoding_is_its_declaration_else_utf_8():
         page(latin, before='<?xml version="1.0" encoding="iso-8859-1"?>').encode("latin-1"),
         page(said, head='<meta charset="windows-1252"/>').encode("cp1252"),
         page(said).encode("utf-16"),  # with its byte-order mark
+        page(said, before='<?xml version="1.0" encoding="iso-8859-1"?>').encode("utf-8"),  # a stale declaration
     ]
-    assert [c.paragraphs for c in read_epub(_epub_of_pages(pages)).chapters] == [(said,), (latin,), (said,), (said,)]
+    assert [c.paragraphs for c in read_epub(_epub_of_pages(pages)).chapters] == [(said,), (latin,), (said,), (said,), (said,)]
 
 
 def test_a_first_entry_at_an_anchor_makes_one_chapter_and_a_chapter_1_is_no_title_page():
