@@ -311,7 +311,9 @@ def cmd_file(args: argparse.Namespace, settings: Settings) -> int:
         output, fmt = output_and_format(source, args.output, args.format)
         model, warning = file_model(args.model, settings)
         check_model(model, settings)
-        models = settings.models if "models" in settings.model_fields_set else model
+        # the model chosen is served, whatever NARRATE_MODELS (set for a fleet) lists
+        served = settings.model_names if "models" in settings.model_fields_set else ()
+        models = ",".join(dict.fromkeys([*served, model]))
         # the data directory keeps no copy of the book's audio unless --keep: then the segment cache too
         cache = settings.segment_cache if args.keep else "off"
         settings = settings.model_copy(update={"default_model": model, "models": models, "segment_cache": cache})

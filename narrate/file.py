@@ -18,6 +18,7 @@ import asyncio
 import json
 import os
 import sys
+import tempfile
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -39,9 +40,12 @@ class InputError(ValueError):
 
 
 def is_book(path: Path) -> bool:
-    """An EPUB, by its name or its first bytes (a zip)."""
+    """An EPUB, by its name or its first bytes (a zip). Only a regular file is sniffed: a pipe
+    (/dev/stdin) cannot be read twice, and its first block would be lost to the text."""
     if path.suffix.lower() == ".epub":
         return True
+    if not path.is_file():
+        return False
     try:
         with path.open("rb") as f:
             return f.read(4) == b"PK\x03\x04"
@@ -90,19 +94,21 @@ def read_text_file(path: Path, max_chars: int) -> str:
         raise InputError(f"{path}: no such file")
     if path.is_dir():
         raise InputError(f"{path}: is a directory, not a text file")
+    limit = max_chars * BYTES_PER_CHAR
     try:
-        size = path.stat().st_size
-        if size > max_chars * BYTES_PER_CHAR:
-            raise InputError(
-                f"{path}: {size:,} bytes is more text than this fleet accepts ({max_chars:,} characters)"
-            )
-        data = path.read_bytes()
+        with path.open("rb") as f:  # (a pipe has no size to check first)
+            data = f.read(limit + 1)
     except OSError as exc:
         raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    if b"\x00" in data[:65536]:
+    if len(data) > limit:
+        raise InputError(f"{path}: more text than this fleet accepts ({max_chars:,} characters)")
+    utf16 = data.startswith((b"\xff\xfe", b"\xfe\xff"))  # with its byte-order mark, as the API takes it
+    if data.startswith(b"%PDF-"):
+        raise InputError(f"{path}: is a PDF; narrate reads text (.txt, .md) and EPUB: save its text first")
+    if not utf16 and b"\x00" in data[:65536]:
         raise InputError(f"{path}: looks like a binary file, not text")
     try:
-        text = data.decode("utf-8-sig")
+        text = data.decode("utf-16" if utf16 else "utf-8-sig")
     except UnicodeDecodeError as exc:
         raise InputError(
             f"{path}: is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
@@ -145,7 +151,21 @@ def output_and_format(source: Path, output: str | None, fmt: str | None) -> tupl
         raise InputError(f"{path}: is a directory; give a file name")
     if path.resolve() == source.resolve():
         raise InputError(f"{path}: is the input file")
+    _check_writable(path)
     return path, fmt
+
+
+def _check_writable(path: Path) -> None:
+    """``InputError`` if ``path`` cannot be written (found now, not after the book is narrated): its
+    nearest existing folder must be a folder that takes a file (created there and removed at once)."""
+    folder = next(p for p in (path.absolute().parent, *path.absolute().parents) if p.exists())
+    if not folder.is_dir():
+        raise InputError(f"{path}: {folder} is a file, not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise InputError(f"{path}: cannot write in {folder} ({exc.strerror or exc})") from None
 
 
 @dataclass
@@ -337,9 +357,17 @@ async def _deliver(file_job: FileJob, settings: Settings, store, storage, job_id
 
     done = await store.get(job_id)
     output = file_job.output
-    output.parent.mkdir(parents=True, exist_ok=True)
-    await asyncio.to_thread(storage.download, done.audio_key, output)
     manifest = json.loads(await asyncio.to_thread(storage.get_bytes, done.objects.manifest))
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(storage.download, done.audio_key, output)
+        if file_job.manifest:
+            output.with_suffix(".json").write_text(json.dumps(manifest, ensure_ascii=False, indent=1), encoding="utf-8")
+    except OSError as exc:  # checked before the start, but a disk fills up or a folder goes
+        print(f"narrate: cannot write {exc.filename or output}: {exc.strerror or exc}", file=sys.stderr)
+        if not file_job.keep:
+            await service.delete(store, storage, settings, done)
+        return 1
     lines = [
         f"{output}: {_duration(done.duration_s)} of audio ({done.duration_s:.1f} s), "
         f"{done.segments_total} segment{'s' * (done.segments_total != 1)}, "
@@ -347,9 +375,7 @@ async def _deliver(file_job: FileJob, settings: Settings, store, storage, job_id
         + (f", {done.segments_reused} reused from earlier runs" if done.segments_reused else "")
     ]
     if file_job.manifest:
-        path = output.with_suffix(".json")
-        path.write_text(json.dumps(manifest, ensure_ascii=False, indent=1), encoding="utf-8")
-        lines.append(f"manifest (chapters, sentence times): {path}")
+        lines.append(f"manifest (chapters, sentence times): {output.with_suffix('.json')}")
     if file_job.keep:
         where = storage.local_path(done.objects.manifest) or done.objects.manifest
         lines.append(

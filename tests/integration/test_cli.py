@@ -141,7 +141,7 @@ def _hide(tmp_path, module: str) -> str:
     return str(fake.parent)
 
 
-def narrate(tmp_path, *args, env_extra=None, timeout=300):
+def narrate(tmp_path, *args, env_extra=None, timeout=300, stdin=None):
     """``narrate ...`` as a process on a data directory of its own (embedded Valkey, no REDIS_URL),
     with eSpeak NG (these tests are of its path: `narrate file` would prefer Piper where installed)."""
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL" and not k.startswith("NARRATE_")}
@@ -155,6 +155,7 @@ def narrate(tmp_path, *args, env_extra=None, timeout=300):
         capture_output=True,
         text=True,
         timeout=timeout,
+        input=stdin,
     )
 
 
@@ -182,6 +183,21 @@ def test_the_espeak_path_imports_no_torch_and_keeps_no_copy(tmp_path):
     assert f"0:{round(info.duration):02d} of audio" in result.stderr.rsplit("narrating", 1)[-1]
     stored = [p for p in (tmp_path / "data" / "storage").rglob("*") if p.is_file()]
     assert stored == [], stored
+
+
+def test_a_piped_text_is_read_whole_and_the_model_asked_is_served_whatever_narrate_models(tmp_path):
+    """A pipe cannot be read twice: the first block (8 KB) was lost to the EPUB sniff. NARRATE_MODELS
+    (set for a fleet) listing other models refused the one narrate file chose."""
+    require(unavailable_reason() is None, f"eSpeak NG: {unavailable_reason()}")
+    text = " ".join(f"Sentence number {i} is here." for i in range(1, 321))  # ~9 KB
+    result = narrate(
+        tmp_path, "file", "/dev/stdin", "-o", "piped.wav", "--manifest", stdin=text,
+        env_extra={"NARRATE_MODELS": "tiny"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    segments = json.loads((tmp_path / "piped.json").read_text())["segments"]
+    assert [s["text"] for s in segments[:1] + segments[-1:]] == ["Sentence number 1 is here.", "Sentence number 320 is here."]
+    assert len(segments) == 320
 
 
 def test_an_m4b_has_the_manifests_chapters_and_the_books_tags(tmp_path):

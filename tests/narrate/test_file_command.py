@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from narrate.cli import main
-from narrate.file import InputError, output_and_format
+from narrate.file import InputError, output_and_format, read_text_file
 
 BOOK = "# One\n\nHello there. How are you?\n"
 
@@ -49,6 +49,7 @@ def write(tmp_path, name, content: bytes | str):
             "latin1.txt: is not UTF-8 text (byte 0xe9 at offset 3)",
         ),
         ("code.md", "```\nonly code\n```\n", "text has nothing to narrate"),
+        ("paper.pdf", b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n", "paper.pdf: is a PDF; narrate reads text (.txt, .md) and EPUB"),
     ],
 )
 def test_bad_input_files_are_one_line_and_exit_2_before_anything_starts(
@@ -81,11 +82,20 @@ def test_bad_input_files_are_one_line_and_exit_2_before_anything_starts(
         (["-o", "book.wav", "--bitrate", "64"], "wav is lossless: it takes no bitrate"),
         (["--rate", "5"], "rate"),
         (["--model", "nothing"], "unknown model 'nothing'"),
+        # found before the book is narrated, not after
+        (["-o", "book.md/out.wav"], "book.md/out.wav: "),
     ],
 )
 def test_contradictions_and_unknown_choices_exit_2_before_anything_starts(narrate, tmp_path, args, says):
     code, err, started = narrate(write(tmp_path, "book.md", BOOK), *args)
     assert code == 2 and says in err and not started, err
+
+
+def test_a_utf_16_file_with_its_mark_is_text(tmp_path):
+    path = tmp_path / "u16.txt"
+    for encoding in ("utf-16-le", "utf-16-be"):
+        path.write_bytes(("\ufeff" + BOOK).encode(encoding))
+        assert read_text_file(path, 1000) == BOOK
 
 
 def test_the_format_follows_the_output_extension(tmp_path):
