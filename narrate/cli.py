@@ -281,6 +281,14 @@ def check_model(model: str, settings: Settings) -> None:
         raise InputError(f"model {model!r} cannot run here: {problem}")
 
 
+def reads_as_markdown(source: Path, args: argparse.Namespace) -> bool:
+    """Markdown unless --plain, but a .txt file is plain text unless --markdown: as the API reads an
+    uploaded .txt (a file sounds the same from both: "2*3*4" or "my_file" keep their characters)."""
+    if args.plain or args.markdown:
+        return args.markdown
+    return source.suffix.lower() != ".txt"
+
+
 def cmd_file(args: argparse.Namespace, settings: Settings) -> int:
     """Narrate one text file into one audio file; refuse what cannot work before anything starts."""
     from dataclasses import replace
@@ -325,7 +333,7 @@ def cmd_file(args: argparse.Namespace, settings: Settings) -> int:
             format=fmt,
             sample_rate=args.sample_rate,
             seed=args.seed,
-            markdown=not args.plain,
+            markdown=reads_as_markdown(source, args),
             rate=args.rate,
             pitch=args.pitch,
             bitrate_kbps=args.bitrate,
@@ -412,7 +420,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--seed", type=int, default=0, help="sampling seed of codec-LM models (same seed, same audio)"
     )
-    p.add_argument("--plain", action="store_true", help="the input is plain text, not Markdown")
+    markup = p.add_mutually_exclusive_group()
+    markup.add_argument(
+        "--plain", action="store_true", help="the input is plain text, not Markdown (the default for .txt files)"
+    )
+    markup.add_argument("--markdown", action="store_true", help="a .txt input is Markdown too")
     p.add_argument(
         "--manifest",
         action="store_true",

@@ -3,9 +3,11 @@ process, no Valkey, not even a data directory (in-process, milliseconds)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from narrate.cli import main
+from narrate.cli import build_parser, main, reads_as_markdown
 from narrate.file import InputError, output_and_format, read_text_file
 
 BOOK = "# One\n\nHello there. How are you?\n"
@@ -96,6 +98,18 @@ def test_a_utf_16_file_with_its_mark_is_text(tmp_path):
     for encoding in ("utf-16-le", "utf-16-be"):
         path.write_bytes(("\ufeff" + BOOK).encode(encoding))
         assert read_text_file(path, 1000) == BOOK
+
+
+def test_a_txt_file_is_plain_text_as_over_http_unless_said(capsys):
+    def reads(name: str, *flags: str) -> bool:
+        args = build_parser().parse_args(["file", name, *flags])
+        return reads_as_markdown(Path(name), args)
+
+    assert [reads("a.txt"), reads("a.md"), reads("a.epub"), reads("a")] == [False, True, True, True]
+    assert [reads("a.txt", "--markdown"), reads("a.md", "--plain")] == [True, False]
+    with pytest.raises(SystemExit) as refused:
+        build_parser().parse_args(["file", "a.txt", "--plain", "--markdown"])
+    assert refused.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
 
 
 def test_the_format_follows_the_output_extension(tmp_path):
