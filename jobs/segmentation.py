@@ -514,13 +514,16 @@ _MD_INLINE = [
     # inline HTML: tags and comments only ("if a < b and c > d" is prose)
     (re.compile(r"</?[A-Za-z][A-Za-z0-9-]*(?:\s[^<>\n]*)?/?>|<!--.*?-->"), ""),
     (re.compile(r"(?m)^\s{0,3}>\s?"), ""),  # block quotes
-    (re.compile(r"(\*\*|__|\*|_|~~|`+)(?=\S)(.+?)(?<=\S)\1"), r"\2"),  # emphasis, code
+    (re.compile(r"(\*\*|\*|~~|`+)(?=\S)(.+?)(?<=\S)\1"), r"\2"),  # emphasis, code
 ]
+#: Emphasis with underscores, as in CommonMark: not inside a word ("my_file_name" keeps them).
+_MD_UNDERSCORES = re.compile(r"(?<![^\W_])(__|_)(?=\S)(.+?)(?<=\S)\1(?![^\W_])")
+_MD_INLINE.append((_MD_UNDERSCORES, r"\2"))
 #: Emphasis in what is said, for voices that can stress it (eSpeak NG, via SSML): Markdown's
 #: *...*, _..._, **...**, __...__ become these marks around the words (private-use characters, never
 #: in a text as written: models that cannot stress words get them removed, see ``plain``).
 EMPHASIS_OPEN, EMPHASIS_CLOSE = "\ue000", "\ue001"
-_MD_EMPHASIS = re.compile(r"(\*\*|__|\*|_)(?=\S)(.+?)(?<=\S)\1")
+_MD_EMPHASIS = [re.compile(r"(\*\*|\*)(?=\S)(.+?)(?<=\S)\1"), _MD_UNDERSCORES]
 
 
 def plain(said: str) -> str:
@@ -543,7 +546,8 @@ def spoken(text: str, markdown: bool = True, emphasis: bool = False) -> str:
     EMPHASIS_OPEN/CLOSE marks around its words."""
     if markdown:
         if emphasis:
-            text = _MD_EMPHASIS.sub(lambda m: f"{EMPHASIS_OPEN}{m[2]}{EMPHASIS_CLOSE}", text)
+            for pattern in _MD_EMPHASIS:
+                text = pattern.sub(lambda m: f"{EMPHASIS_OPEN}{m[2]}{EMPHASIS_CLOSE}", text)
         for pattern, repl in _MD_INLINE:
             text = pattern.sub(repl, text)
     text = " ".join(_INVISIBLE.sub("", text).split())

@@ -99,6 +99,12 @@ def test_chapter_lines_start_a_paragraph_and_carry_a_number(markdown):
     ]  # fmt: skip
 
 
+def test_underscores_inside_a_word_are_not_emphasis():
+    assert texts("Open my_file_name now. Use _this_ and __that__.") == ["Open my_file_name now.", "Use this and that."]
+    said = plan_text("Use _this_, not snake_case.").segments[0].say
+    assert said == "Use \ue000this\ue001, not snake_case."  # stressed where eSpeak NG can
+
+
 def test_markdown_drops_html_tags_not_comparisons():
     assert texts("If a < b and c > d, then stop. A <b>bold</b> <!-- note --> <br/>move.") == [
         "If a < b and c > d, then stop.",
