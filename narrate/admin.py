@@ -17,7 +17,7 @@ def run(settings: Settings, action) -> int:
     from fleet.redis import async_client
     from jobs.errors import InvalidRequest
     from jobs.tenants import TenantStore
-    from narrate.embedded import DataDirBusy, fleet_redis
+    from narrate.embedded import DataDirBusy, fleet_redis, ping
 
     async def main(settings: Settings) -> int:
         redis = async_client(settings)
@@ -29,6 +29,7 @@ def run(settings: Settings, action) -> int:
     with ExitStack() as stack:
         try:
             settings, _ = fleet_redis(settings, stack, share=True)
+            ping(settings.redis_url)
             return asyncio.run(main(settings))
         except (DataDirBusy, InvalidRequest) as exc:
             print(f"narrate: {exc}", file=sys.stderr)

@@ -544,7 +544,18 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
         settings = settings.model_copy(update={"redis_url": url})
-    return args.func(args, settings)
+        return args.func(args, settings)
+    # the user's commands: one line, not a traceback (a stage keeps its traceback, for its log)
+    from redis.exceptions import ConnectionError as RedisUnreachable
+
+    try:
+        return args.func(args, settings)
+    except RedisUnreachable as exc:
+        print(f"narrate: cannot reach Redis at {settings.redis_url}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # before narrate file's own handlers are set (imports, reading a book)
+        print("narrate: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

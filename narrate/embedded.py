@@ -175,6 +175,17 @@ def running_url(data_dir: Path) -> str | None:
         return None
 
 
+def ping(url: str) -> None:
+    """Raise redis's ConnectionError now if ``url`` cannot be reached: one try (the fleet's clients
+    retry for ~10 s, which a command about to start should not spend on a wrong REDIS_URL)."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    with redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), socket_connect_timeout=5) as client:
+        client.ping()
+
+
 def fleet_redis(settings, stack: contextlib.ExitStack, share: bool = False):
     """The settings with a Redis: REDIS_URL's, or an embedded Valkey started now (and stopped with
     ``stack``). ``share``: use the data directory's Valkey if another command runs it (for short

@@ -214,7 +214,7 @@ class Progress:
 
 def run(file_job: FileJob, settings: Settings) -> int:
     """Narrate ``file_job`` on embedded (or REDIS_URL's) infrastructure; the process exit code."""
-    from narrate.embedded import DataDirBusy, fleet_redis
+    from narrate.embedded import DataDirBusy, fleet_redis, ping
     from narrate.mps import MpsError
 
     supervisor = None
@@ -232,6 +232,8 @@ def run(file_job: FileJob, settings: Settings) -> int:
             return 2
         try:
             signals.check()
+            if valkey is None:  # REDIS_URL's: reachable, before any worker starts
+                ping(settings.redis_url)
             if valkey is not None:  # this command's own Valkey: start from a clean slate
                 file_job.private = True
                 asyncio.run(reset_private_fleet(settings))

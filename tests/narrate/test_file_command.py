@@ -100,6 +100,14 @@ def test_a_utf_16_file_with_its_mark_is_text(tmp_path):
         assert read_text_file(path, 1000) == BOOK
 
 
+def test_an_unreachable_redis_is_one_line_before_any_worker_starts(narrate, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")  # nothing listens on port 1
+    code, err, _ = narrate(write(tmp_path, "book.md", BOOK))
+    assert code == 2 and err.startswith("narrate: cannot reach Redis at redis://127.0.0.1:1/0") and "Traceback" not in err
+    assert not (tmp_path / "data" / "logs").exists()  # no worker was started
+    assert main(["keys", "list"]) == 2 and "cannot reach Redis" in capsys.readouterr().err
+
+
 def test_a_txt_file_is_plain_text_as_over_http_unless_said(capsys):
     def reads(name: str, *flags: str) -> bool:
         args = build_parser().parse_args(["file", name, *flags])
