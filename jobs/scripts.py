@@ -54,11 +54,16 @@ return 'partial'
 # ARGV: segment, attempt, samples, seconds, now, maxlen, progress events per job
 # Returns {applied (0/1), done, total}; when not applied, {0, winning attempt, 0} (-1: the job is
 # over). The first attempt to complete a segment wins; later ones only clean up. The last segment
-# moves the job to 'finalizing'.
+# moves the job to 'finalizing'; a copy of its winning attempt that comes after (two assemblers held
+# the same final chunk) still hears that it won, so its caller keeps the part the finalize reads.
 SEGMENT_DONE = """
 redis.call('DEL', KEYS[4])
 redis.call('SREM', KEYS[5], KEYS[4])
 local status = redis.call('HGET', KEYS[1], 'status')
+if status == 'finalizing' then
+  local winner = redis.call('HGET', KEYS[2], ARGV[1])
+  return {0, winner and tonumber(string.match(winner, '^(%d+):')) or -1, 0}
+end
 if status ~= 'queued' and status ~= 'running' then return {0, -1, 0} end
 if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2] .. ':' .. ARGV[3]) == 0 then
   local winner = redis.call('HGET', KEYS[2], ARGV[1])

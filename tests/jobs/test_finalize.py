@@ -105,3 +105,25 @@ def test_forgetting_a_finalize_that_ends_meanwhile_is_not_an_error(redis_url, ke
     forget_finalize(settings, "job1", connection)
     assert not RQJob.exists(rq_id, connection=connection)
     connection.close()
+
+
+def test_a_second_copy_of_the_last_segment_keeps_the_part_it_shares_with_the_winner(tmp_path):
+    """Two assemblers held the same final chunk of the last segment: the first recorded it (the job
+    is finalizing), then the second's SEGMENT_DONE. It must hear that its attempt won, or it deletes
+    the part the finalize reads (the book then fails on every try)."""
+    settings, store, storage, job = finalizing_job(tmp_path)
+
+    async def again():
+        attempt = int(await store.redis.hget(store.names.attempts(job.id), 1))
+        same = await store.segment_done(job.id, 1, attempt, 480, 0.02)
+        other = await store.segment_done(job.id, 1, attempt + 1, 480, 0.02)
+        return attempt, same, other
+
+    async def nobody(job_id):  # no other client moves the job
+        pass
+
+    store.before_finish = nobody
+    attempt, same, other = asyncio.run(again())
+    assert not same.applied and same.keeps_part_of(attempt)
+    assert not other.keeps_part_of(attempt + 1)  # a losing attempt's part is still garbage
+    assert asyncio.run(Finalizer(settings, store, storage).run(job.id)) == "done"
