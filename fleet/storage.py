@@ -189,7 +189,15 @@ class S3Storage:
         for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
             objects = [{"Key": o["Key"]} for o in page.get("Contents", [])]
             if objects:
-                self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": objects, "Quiet": True})
+                answer = self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": objects, "Quiet": True})
+                # a 200 may still list keys S3 did not delete: raise, so the caller's retry (the
+                # sweep's next pass, a DELETE again) finds them, rather than forgetting the job
+                if failed := answer.get("Errors"):
+                    first = failed[0]
+                    raise StorageError(
+                        f"{len(failed)} object(s) under {prefix!r} not deleted: {first.get('Key')}: "
+                        f"{first.get('Code')} {first.get('Message', '')}".strip()
+                    )
                 count += len(objects)
         return count
 

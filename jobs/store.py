@@ -433,9 +433,9 @@ class JobStore:
         )
         return [(job_id.decode(), at) for job_id, at in raw]
 
-    async def forget_expired(self, created_before: float, count: int = 1000) -> list[tuple[str, str]]:
-        """Remove index entries of jobs created before ``created_before`` whose keys expired (their
-        result TTL ran out); returns their (tenant, job id). Younger jobs cannot have expired yet."""
+    async def expired(self, created_before: float, count: int = 1000) -> list[tuple[str, str]]:
+        """(tenant, job id) of the jobs in the indexes created before ``created_before`` whose keys
+        expired (their result TTL ran out). Younger jobs cannot have expired yet."""
         n = self.names
         gone: list[tuple[str, str]] = []
         for tenant in await self.tenant_names():
@@ -449,15 +449,18 @@ class JobStore:
             pipe = self.redis.pipeline(transaction=False)
             for job_id in ids:
                 pipe.exists(n.job(job_id))
-            expired = [job_id for job_id, exists in zip(ids, await pipe.execute(), strict=True) if not exists]
-            if expired:
-                pipe = self.redis.pipeline(transaction=False)
-                pipe.zrem(index, *expired)
-                pipe.zrem(n.jobs_index(), *expired)
-                pipe.srem(n.tenant_active(tenant), *expired)
-                await pipe.execute()
-                gone += [(tenant, job_id) for job_id in expired]
+            gone += [(tenant, job_id) for job_id, exists in zip(ids, await pipe.execute(), strict=True) if not exists]
         return gone
+
+    async def forget(self, jobs: list[tuple[str, str]]) -> None:
+        """Remove expired jobs, (tenant, job id), from the indexes (once their files are gone)."""
+        n = self.names
+        pipe = self.redis.pipeline(transaction=False)
+        for tenant, job_id in jobs:
+            pipe.zrem(n.tenant_jobs(tenant), job_id)
+            pipe.zrem(n.jobs_index(), job_id)
+            pipe.srem(n.tenant_active(tenant), job_id)
+        await pipe.execute()
 
     async def tenant_names(self) -> list[str]:
         """Every tenant that has had a job."""

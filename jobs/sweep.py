@@ -13,7 +13,8 @@ once (a lock that expired mid-sweep) do no harm.
    longer than every try could take (``finalize_deadline_s``, from its first mark) fails, lost or
    not. Jobs that are no longer finalizing leave the set.
 2. Expired jobs (the retention): job ids in the indexes whose keys expired (``result_ttl_s`` after
-   they ended) leave them, and their files (the audio, its manifest, any parts) leave storage; jobs
+   they ended): their files (the audio, its manifest, any parts) leave storage, then they leave the
+   indexes (a storage error keeps a job listed for the next sweep); jobs
    that ended but still hold one of their tenant's job slots (a crash in between) release it.
 3. Dead consumers: a consumer of a stage stream's group that holds no entry and has not read for
    ``consumer_forget_s`` (a worker that died or stopped: every process has a consumer name of its
@@ -83,11 +84,19 @@ class Sweeper:
         report.recovered = await recovery.run(self.store, self._queue_finalize)
         now = time.time()
         await self._finalizes(now, report)
-        expired = await self.store.forget_expired(now - self.settings.result_ttl_s)
-        for tenant, job_id in expired:
-            for prefix in JobObjects(tenant, job_id).prefixes:
-                await asyncio.to_thread(self.storage.delete_prefix, prefix)
-        report.expired = len(expired)
+        # files first, then the index entry: a storage error leaves the job listed for the next sweep
+        # (forgotten first, its files would stay for good)
+        cleared = []
+        for tenant, job_id in await self.store.expired(now - self.settings.result_ttl_s):
+            try:
+                for prefix in JobObjects(tenant, job_id).prefixes:
+                    await asyncio.to_thread(self.storage.delete_prefix, prefix)
+            except Exception as exc:  # noqa: BLE001 - any storage error: try again next sweep
+                log.warning("sweep: the files of expired job %s could not be deleted (%s); next sweep", job_id, exc)
+                continue
+            cleared.append((tenant, job_id))
+        await self.store.forget(cleared)
+        report.expired = len(cleared)
         await self.store.forget_ended_active()
         report.consumers_forgotten = await self._forget_dead_consumers()
         report.segments_released = await self._release_cached_segments()

@@ -135,3 +135,21 @@ class _Entries:
 
     def close(self):
         pass
+
+
+def test_s3_keys_a_delete_did_not_remove_are_an_error():
+    """DeleteObjects answers 200 with the keys it failed on (Quiet): they must not pass for deleted,
+    or DELETE and the retention sweep forget a job whose files stay (botocore's Stubber plays S3)."""
+    from botocore.stub import ANY, Stubber
+
+    storage = S3Storage(Settings(redis_url="redis://unused", s3_bucket="b", s3_endpoint_url="http://127.0.0.1:9", s3_region="us-east-1"))
+    keys = ["tenants/t/audio/J.m4b", "tenants/t/audio/J.json"]
+    with Stubber(storage.client) as s3:
+        s3.add_response("list_objects_v2", {"Contents": [{"Key": k} for k in keys], "IsTruncated": False}, {"Bucket": "b", "Prefix": "tenants/t/audio/J."})
+        s3.add_response(
+            "delete_objects",
+            {"Errors": [{"Key": keys[0], "Code": "InternalError", "Message": "Please try again."}]},
+            {"Bucket": "b", "Delete": ANY},
+        )
+        with pytest.raises(StorageError, match="1 object.* not deleted: tenants/t/audio/J.m4b: InternalError"):
+            storage.delete_prefix("tenants/t/audio/J.")

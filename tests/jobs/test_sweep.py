@@ -13,7 +13,7 @@ from rq.job import Job as RQJob
 
 from fleet.names import Names
 from fleet.settings import Settings
-from fleet.storage import LocalStorage
+from fleet.storage import LocalStorage, StorageError
 from jobs.finalize import enqueue_finalize, finalize_rq_id
 from jobs.model import JobStatus
 from jobs.service import JobRequest, submit
@@ -119,6 +119,37 @@ def test_expired_jobs_leave_the_indexes_and_storage(sweep):
         False,
         True,
     ]  # retention = the keys' lifetime
+
+
+def test_an_expired_job_whose_files_could_not_be_deleted_stays_listed_for_the_next_sweep(sweep):
+    settings, store, storage, rq = sweep
+
+    class Flaky(LocalStorage):
+        failures = 1
+
+        def delete_prefix(self, prefix):
+            if self.failures:
+                self.failures -= 1
+                raise StorageError("503 SlowDown")
+            return super().delete_prefix(prefix)
+
+    flaky = Flaky(storage.root)
+
+    async def main():
+        old = await submit(store, settings, JobRequest(text="Old."))
+        n = store.names
+        for index in (n.jobs_index(), n.tenant_jobs("default")):
+            await store.redis.zadd(index, {old.id: time.time() - settings.result_ttl_s - 10})
+        await store.redis.delete(*n.job_keys(old.id))  # its keys expired
+        flaky.put_bytes(old.objects.audio("wav"), b"x")
+        first = await Sweeper(settings, store, flaky, rq, "me").sweep()
+        listed = await store.redis.zrange(n.jobs_index(), 0, -1)
+        second = await Sweeper(settings, store, flaky, rq, "me").sweep()
+        return old, first, listed, second, await store.redis.zrange(n.jobs_index(), 0, -1)
+
+    old, first, listed, second, after = asyncio.run(main())
+    assert (first.expired, listed) == (0, [old.id.encode()])  # forgotten first, its files stayed for good
+    assert (second.expired, after, flaky.exists(old.objects.audio("wav"))) == (1, [], False)
 
 
 def test_one_sweeper_per_interval(sweep):
