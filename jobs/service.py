@@ -392,9 +392,11 @@ async def enqueue(
         await store.release_job_slot(job.tenant, job.id)
         raise
     if plan.reused:
+        # the job is stored, so accepted (a 500 would undo its slot, cover and key): the sweep queues
+        # a finalize whose mark landed and whose queueing did not; a lost mark leaves it finalizing
         try:
             await record_reused(store, job, plan, reuse.finalize)
-        except Exception:  # the job is stored, so accepted: the sweep queues a finalize that did not land
+        except Exception:
             log.exception("job %s: recording its reused segments or queueing its finalize failed", job.id)
 
 
