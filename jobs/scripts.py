@@ -115,7 +115,8 @@ return 1
 # KEYS: job, events, then every key to expire | ARGV: new status, event type, event data, now,
 #       error, maxlen, ttl, required current status ('' = any non-terminal), then field/value pairs
 #       to set on the job with the change (the finished file's key)
-# Ends the job (done, failed or cancelled) unless it already ended. Returns {tenant, model, priority,
+# Ends the job (done, failed or cancelled) unless it already ended; its keys, and the delta hashes its
+# scratch set lists (all in the job's slot), expire after ARGV[7]. Returns {tenant, model, priority,
 # shard} if it changed (what its caller needs to release its job slot and drop its queued tasks), {} if
 # not. A job that is gone (deleted) is never re-created.
 END_JOB = """
@@ -125,7 +126,13 @@ if ARGV[8] ~= '' and status ~= ARGV[8] then return {} end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'finished_at', ARGV[4], 'error', ARGV[5])
 for i = 9, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', 'type', ARGV[2], 'data', ARGV[3])
-for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ARGV[7]) end
+for i = 1, #KEYS do
+  redis.call('EXPIRE', KEYS[i], ARGV[7])
+  -- the delta hashes the scratch set lists go too, if its caller dies before clear_scratch
+  if string.sub(KEYS[i], -8) == ':scratch' then
+    for _, key in ipairs(redis.call('SMEMBERS', KEYS[i])) do redis.call('EXPIRE', key, ARGV[7]) end
+  end
+end
 local owner = redis.call('HMGET', KEYS[1], 'tenant', 'model', 'priority', 'shard')
 return {owner[1] or 'default', owner[2] or '', owner[3] or 'batch', owner[4] or '0'}
 """

@@ -1,5 +1,6 @@
 """The finalizer when the job changes under it: a delete while it stitches leaves nothing behind; a
-second run of a job already done keeps the file (fakeredis with Lua: the production scripts)."""
+second run of a job already done keeps the file; a second copy of the last segment keeps the part;
+an ended job's delta hashes expire with it (fakeredis with Lua: the production scripts)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 
 import fakeredis
 import numpy as np
+import pytest
 
 from fleet.messages import AudioChunk
 from fleet.names import Names
@@ -127,3 +129,27 @@ def test_a_second_copy_of_the_last_segment_keeps_the_part_it_shares_with_the_win
     assert not same.applied and same.keeps_part_of(attempt)
     assert not other.keeps_part_of(attempt + 1)  # a losing attempt's part is still garbage
     assert asyncio.run(Finalizer(settings, store, storage).run(job.id)) == "done"
+
+
+def test_an_ended_jobs_delta_hashes_expire_with_it_though_its_ender_dies_before_clearing_them(tmp_path):
+    """END_JOB expires the delta hashes the scratch set lists: clear_scratch, the call after it, may
+    never come (its process killed), and a second END_JOB does nothing for an ended job."""
+    settings = Settings(redis_url="redis://unused", key_prefix="t", data_dir=tmp_path)
+    store = JobStore(fakeredis.FakeAsyncRedis(), Names("t"), events_maxlen=1000, result_ttl_s=60)
+    job, plan = validate(JobRequest(text="One. Two."), settings)
+
+    async def main():
+        await store.create(job, plan, tasks_for(job, plan))
+        attempt = await store.start_segment(job.id, 0)
+        chunk = AudioChunk(job.id, 0, attempt, 0, False, 24000, np.full(480, 7, "<i2").tobytes())
+        assert await store.add_delta(chunk) == "partial"
+
+        async def killed(job_id):
+            raise RuntimeError("killed before clear_scratch")
+
+        store.clear_scratch = killed
+        with pytest.raises(RuntimeError, match="killed before clear_scratch"):
+            await store.cancel(job.id)
+        return await store.redis.ttl(store.names.deltas(job.id, 0, attempt))
+
+    assert 0 < asyncio.run(main()) <= 60
