@@ -93,13 +93,15 @@ async def recover(store: JobStore, finalize: Callable[[str], Awaitable[None]]) -
     """Queue again what lost writes may have taken from every job not yet ended (see the module).
     ``finalize(job_id)`` queues a job's finalize (once: a no-op while one is queued or running)."""
     report = RecoveryReport()
-    start = 0
+    after = None
     while True:
-        ids = [i.decode() for i in await store.redis.zrange(store.names.jobs_index(), start, start + PAGE - 1)]
-        if not ids:
+        # by a cursor of (job, creation time), not an offset: a job deleted meanwhile would shift
+        # the next page past one it never went over (left running for good)
+        page = await store.page(store.names.jobs_index(), after, PAGE)
+        if not page:
             return report
-        start += len(ids)
-        for job in await store.get_many(ids):
+        after = page[-1]
+        for job in await store.get_many([job_id for job_id, _ in page]):
             if job is None or job.status.terminal:
                 continue
             report.jobs += 1

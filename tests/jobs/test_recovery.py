@@ -151,3 +151,44 @@ def test_a_creation_no_replica_holds_is_refused_and_nothing_is_kept(redis_url, k
     # nothing of the job, its queue or its tenant's slot (RESERVE_JOB_SLOT's set is empty again)
     assert [k for k in keys if b":job:" in k or b":q:" in k or b":active" in k] == [], keys
     assert kept is not None
+
+
+def test_a_job_deleted_while_recovery_pages_makes_it_skip_none(redis_url, key_prefix, monkeypatch, tmp_path):
+    """Recovery paged {p}:jobs by offset: a job deleted during a page shifted the next page past one
+    it never went over, which then stayed running for good. It pages by a cursor now."""
+    from fleet.storage import LocalStorage
+    from jobs.service import delete
+
+    monkeypatch.setattr(recovery, "PAGE", 2)
+
+    async def main():
+        redis, settings, store = await _setup(redis_url, key_prefix)
+        try:
+            jobs = [await submit(store, settings, JobRequest(text="Just one sentence.", model="tiny")) for _ in range(4)]
+            target = jobs[2]  # the first of the second page, oldest first
+            for job in jobs:
+                if job is not target:
+                    await redis.hset(store.names.job(job.id), "status", "done")
+            await store.start_segment(target.id, 0)  # started, then a failover lost its task
+            await store.scheduler.drop(target.model, target.shard, target.id, target.tenant, target.priority)
+            get_many, pages = store.get_many, []
+
+            async def deleting_on_the_first_page(ids):
+                pages.append(ids)
+                if len(pages) == 1:  # meanwhile a client deletes its oldest job
+                    await delete(store, LocalStorage(tmp_path), settings, jobs[0], rq_connection=None)
+                return await get_many(ids)
+
+            store.get_many = deleting_on_the_first_page
+
+            async def finalize(job_id):
+                pass
+
+            report = await recovery.recover(store, finalize)
+            queued = await store.scheduler.queued_tasks(target.model, target.shard, target.id)
+            return report, [t.segment for t in queued], target.id
+        finally:
+            await redis.aclose()
+
+    report, queued, target = asyncio.run(main())
+    assert report.requeued_jobs == [target] and queued == [0]
