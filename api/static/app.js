@@ -555,7 +555,9 @@ function parseChapters(vtt) {
     const at = lines.findIndex((line) => line.includes("-->"));
     if (at < 0) continue;
     const start = seconds(lines[at].split("-->")[0].trim());
-    cues.push({ start, title: lines.slice(at + 1).join(" ").trim() });
+    // cue text is WebVTT markup: the server escapes & < > (jobs/captions.py), "&amp;" is "&"
+    const title = lines.slice(at + 1).join(" ").trim().replace(/&lt;/g, "<").replace(/&gt;/g, ">").replace(/&amp;/g, "&");
+    cues.push({ start, title });
   }
   return cues;
 }
