@@ -32,7 +32,7 @@ from jobs import service
 from jobs.audio import Pauses
 from jobs.errors import InvalidRequest
 from jobs.live import LiveAudio, encoded
-from jobs.model import Job
+from jobs.model import Job, JobStatus
 from jobs.progressive import STREAM_FORMATS, TEMPO_RANGE
 from jobs.tenants import Principal
 from models.registry import MODELS
@@ -133,12 +133,23 @@ def _speech_request(raw: bytes, max_chars: int) -> SpeechRequest:
     return body
 
 
+class SpeechFailed(RuntimeError):
+    """The job ended without all its audio (failed, or cancelled by someone else)."""
+
+
 async def _deleting_after(st: AppState, job: Job, audio: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """``audio``, then the job goes (also when the client leaves part-way: it is cancelled first)."""
+    """``audio``, then the job goes (also when the client leaves part-way: it is cancelled first).
+    ``SpeechFailed`` after the last byte if the job failed or was cancelled: the answer must not pass
+    for whole (the live stream ends what it has as a playable file). Finalizing is whole: every
+    segment is in, only the finished file (not needed here) is still being written."""
     try:
         async for data in audio:
             if data:
                 yield data
+        ended = await st.store.get(job.id)
+        if ended is None or ended.status not in (JobStatus.FINALIZING, JobStatus.DONE):
+            status = ended.status.value if ended else "gone"
+            raise SpeechFailed(f"the speech was not made whole: job {status}{': ' + ended.error if ended and ended.error else ''}")
     finally:
         task = asyncio.create_task(service.delete(st.store, st.storage, st.settings, job, st.rq))
         _deleting.add(task)
@@ -146,10 +157,16 @@ async def _deleting_after(st: AppState, job: Job, audio: AsyncIterator[bytes]) -
 
 
 async def _sse(audio: AsyncIterator[bytes], characters: int) -> AsyncIterator[bytes]:
-    """OpenAI's speech events: one ``speech.audio.delta`` per piece of audio, then ``speech.audio.done``."""
-    async for data in audio:
-        event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
-        yield f"event: speech.audio.delta\ndata: {json.dumps(event)}\n\n".encode()
+    """OpenAI's speech events: one ``speech.audio.delta`` per piece of audio, then ``speech.audio.done``
+    (or, for speech that could not be made whole, an ``error`` event instead)."""
+    try:
+        async for data in audio:
+            event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
+            yield f"event: speech.audio.delta\ndata: {json.dumps(event)}\n\n".encode()
+    except SpeechFailed as exc:
+        error = {"type": "error", "error": {"message": str(exc), "type": "server_error", "param": None, "code": None}}
+        yield f"event: error\ndata: {json.dumps(error)}\n\n".encode()
+        return
     # usage: this fleet counts characters (what its quotas count), not a tokenizer's tokens
     usage = {"input_tokens": characters, "output_tokens": 0, "total_tokens": characters}
     yield f"event: speech.audio.done\ndata: {json.dumps({'type': 'speech.audio.done', 'usage': usage})}\n\n".encode()

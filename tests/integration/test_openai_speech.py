@@ -158,3 +158,47 @@ def test_the_requests_jobs_are_gone_afterwards(fleet, client, voice):
         while (jobs := http.get("/v1/jobs").json()["jobs"]) and time.monotonic() < deadline:
             time.sleep(0.2)
     assert jobs == []
+
+
+def fail_the_running_job(fleet, redis_url: str) -> None:
+    """Fail the listener's one job, as a dead-lettered segment would (JobStore.fail)."""
+    import asyncio
+
+    import redis.asyncio as aioredis
+
+    from fleet.names import Names
+    from jobs.store import JobStore
+
+    with fleet.client(headers={"Authorization": f"Bearer {fleet.key}"}) as http:
+        (job,) = http.get("/v1/jobs").json()["jobs"]
+
+    async def fail():
+        r = aioredis.from_url(redis_url)
+        try:
+            store = JobStore(r, Names(fleet.settings.key_prefix), events_maxlen=1000, result_ttl_s=60)
+            assert await store.fail(job["id"], "a segment could not be rendered")
+        finally:
+            await r.aclose()
+
+    asyncio.run(fail())
+
+
+@pytest.mark.parametrize("stream_format", ["audio", "sse"])
+def test_speech_whose_job_fails_midway_is_no_answer_that_passes_for_whole(fleet, client, voice, redis_url, stream_format):
+    long = " ".join([TEXT] * 45)[:4096]
+    with client.audio.speech.with_streaming_response.create(
+        model="espeak", voice=voice, input=long, response_format="pcm", stream_format=stream_format
+    ) as response:
+        pieces = response.iter_bytes() if stream_format == "audio" else response.iter_lines()
+        first = next(pieces)
+        assert first
+        fail_the_running_job(fleet, redis_url)
+        if stream_format == "audio":  # the body is cut off: the client cannot take it for complete
+            # (the client's own httpx: its RemoteProtocolError)
+            with pytest.raises(Exception, match="peer closed connection without sending complete message body"):
+                for _ in pieces:
+                    pass
+            return
+        events = [json.loads(line[len("data: ") :]) for line in pieces if line.startswith("data: ")]
+    assert events[-1]["type"] == "error" and "job failed: a segment could not be rendered" in events[-1]["error"]["message"]
+    assert "speech.audio.done" not in [e["type"] for e in events]
