@@ -249,10 +249,45 @@ el.form.addEventListener("submit", async (event) => {
 
 let current = null;
 
+/** When a signed link's token runs out (ms since the epoch), or Infinity for a link without one. */
+function expiryOf(link) {
+  const token = link ? new URL(link, location.href).searchParams.get("token") : null;
+  const seconds = Number(token?.split(".")[0]);
+  return token && seconds > 0 ? seconds * 1000 : Infinity;
+}
+
+/** Signed links run out (NARRATE_LINK_TTL_S, an hour): a minute before they do, ask for the job
+ * again and put the new ones where the old are (the download, the captions, a file in a paused
+ * player). A job done an hour after it was opened, or a tab left open, would get 401s. */
+function renewLinks(job, { soonest = 1000 } = {}) {
+  clearTimeout(job.renewTimer);
+  const expiry = Math.min(expiryOf(job.links.audio), expiryOf(job.links.events));
+  if (expiry === Infinity) return;
+  job.renewTimer = setTimeout(async () => {
+    if (job !== current) return;
+    try {
+      const view = await api(job.links.self);
+      if (job !== current) return;
+      job.links = { ...job.links, ...view.links };
+      if (!el.downloads.hidden) showDownloads(job);
+      if (job.playing === "file" && el.player.paused) {
+        const at = el.player.currentTime;
+        el.player.src = job.links.audio;
+        if (at) el.player.addEventListener("loadedmetadata", () => { el.player.currentTime = at; }, { once: true });
+      }
+    } catch {
+      renewLinks(job, { soonest: 30_000 });  // the API away: the old links, and a try now and then
+      return;
+    }
+    renewLinks(job);
+  }, Math.max(expiry - Date.now() - 60_000, soonest));
+}
+
 function closeJob() {
   if (!current) return;
   current.events?.close();
   clearTimeout(current.retryTimer);
+  clearTimeout(current.renewTimer);
   current = null;
   el.player.pause();
   el.player.removeAttribute("src");
@@ -284,6 +319,7 @@ function openJob(view, { focus = false } = {}) {
   show(el.connection, "");
   el.downloads.hidden = true;
   history.replaceState(null, "", `#job=${encodeURIComponent(view.id)}`);
+  renewLinks(current);
   renderChapters();
   setStatus(view.status, view.error);
   renderProgress();
@@ -365,6 +401,7 @@ async function recover(job) {
       const view = await api(job.links.self);
       if (job !== current) return;
       job.links = { ...job.links, ...view.links };
+      renewLinks(job);
       if (view.status === "done" || TERMINAL.has(view.status)) {
         setStatus(view.status, view.error);
         job.done = view.segments_done;
@@ -507,12 +544,16 @@ function canPlayFile() {
 
 /** The job is done: the download links, the chapters' titles and times, and the finished file in the
  * player (seekable) unless the stream is playing now. */
-async function finished({ announce: say = true } = {}) {
-  const job = current;
+function showDownloads(job) {
   el.download.href = job.links.audio;
   el.download.textContent = `Download the audiobook (${(job.format || "").toUpperCase()})`;
   el.captions.href = withParam(job.links.captions || `${job.links.self}/captions`, "format", "vtt");
   el.downloads.hidden = false;
+}
+
+async function finished({ announce: say = true } = {}) {
+  const job = current;
+  showDownloads(job);
   if (say) announce("Done: the audiobook is ready to download.");
   try {
     const vtt = await fetchText(withParam(job.links.captions || `${job.links.self}/captions`, "kind", "chapters"));

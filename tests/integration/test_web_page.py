@@ -19,7 +19,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from models.espeak import unavailable_reason
-from testing.fleetkit import BOOK, espeak_fleet
+from testing.fleetkit import BOOK, espeak_fleet, wait_done
 from tests.conftest import require, require_module
 
 require_module("playwright", "the web page's browser test drives chromium with Playwright")
@@ -204,6 +204,30 @@ def test_a_book_is_narrated_listened_to_while_it_renders_and_downloaded(fleet, o
     assert api.get(f"/v1/jobs/{job_id}").status_code == 404
     assert not offline.elsewhere and not offline.errors, (offline.elsewhere, offline.errors)
     api.close()
+
+
+def test_a_job_open_longer_than_its_links_live_still_downloads(browser, redis_url, data_dir, tmp_path_factory):
+    """Signed links live NARRATE_LINK_TTL_S (5 s here): the page asks for new ones before they run
+    out, so the download works though the job was opened longer ago than that (a book done an hour
+    after it was opened, a tab left open: the links it had were 401s)."""
+    require(unavailable_reason() is None, f"eSpeak NG: {unavailable_reason()}")
+    logs = tmp_path_factory.mktemp("web-ttl-logs")
+    with espeak_fleet(redis_url, data_dir, logs, "webttl", link_ttl_s=5) as short, short.client() as http:
+        job = http.post("/v1/jobs", json={"text": "A short book. It is done soon.", "format": "wav"}).json()
+        wait_done(http, job["id"])
+        tab = Offline(browser, short.base_url)
+        try:
+            tab.page.goto(f"/#job={job['id']}")
+            link = tab.page.get_by_role("link", name="Download the audiobook (WAV)")
+            expect(link).to_be_visible()
+            first = link.get_attribute("href")
+            time.sleep(7)  # the links it opened with have run out
+            assert link.get_attribute("href") != first
+            with tab.page.expect_download() as download:
+                link.click()
+            assert download.value.failure() is None and download.value.path().stat().st_size > 44
+        finally:
+            tab.close()
 
 
 def test_the_page_works_by_keyboard_and_fits_a_phone(fleet, offline):
