@@ -381,7 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the audio file to write; its extension picks the format (default: the input's name, .wav)",
     )
     p.add_argument(
-        "--format", choices=list(FORMATS), help="the output format, when the file name does not say it"
+        "--format", type=str.lower, choices=list(FORMATS), help="the output format, when the file name does not say it"
     )
     p.add_argument("--title", help="the book's title (default: an EPUB's own, else the input's file name)")
     p.add_argument(

@@ -70,10 +70,12 @@ def read_book_file(path: Path, settings, *, alt_text: bool = False):
 
 def parse_chapters(text: str | None) -> list[int | str] | None:
     """``--chapters 1,3,Epilogue`` -> [1, 3, "Epilogue"]."""
-    if not text:
+    if text is None:
         return None
     items = [t.strip() for t in text.split(",") if t.strip()]
-    return [int(t) if t.isdigit() else t for t in items]
+    if not items:  # ",," or "": asked for chapters and named none (not "all of them")
+        raise InputError("--chapters names no chapter: give numbers or titles, comma-separated")
+    return [int(t) if t.isascii() and t.isdigit() else t for t in items]
 
 
 def print_contents(path: Path, book) -> int:

@@ -108,6 +108,14 @@ def test_an_unreachable_redis_is_one_line_before_any_worker_starts(narrate, tmp_
     assert main(["keys", "list"]) == 2 and "cannot reach Redis" in capsys.readouterr().err
 
 
+def test_chapters_that_name_none_are_refused_and_a_format_in_capitals_is_taken(narrate, tmp_path):
+    from testing.epubkit import sample_book
+
+    code, err, started = narrate(write(tmp_path, "book.epub", sample_book(3)), "--chapters", ",,")
+    assert code == 2 and "--chapters names no chapter" in err and not started  # not "every chapter"
+    assert build_parser().parse_args(["file", "a.md", "--format", "MP3"]).format == "mp3"
+
+
 def test_a_txt_file_is_plain_text_as_over_http_unless_said(capsys):
     def reads(name: str, *flags: str) -> bool:
         args = build_parser().parse_args(["file", name, *flags])
