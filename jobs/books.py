@@ -167,12 +167,16 @@ def is_markdown_name(name: str) -> bool:
     return bool(_MARKDOWN_NAME.search(name or ""))
 
 
+def text_encoding(data: bytes) -> str:
+    """A text file's encoding: UTF-16 with its byte-order mark, else UTF-8 (a BOM allowed)."""
+    return "utf-16" if data.startswith((b"\xff\xfe", b"\xfe\xff")) else "utf-8-sig"
+
+
 def read_text_file(data: bytes, name: str = "") -> str:
     """An uploaded .txt or .md file's text: UTF-8 (a BOM is allowed, so is UTF-16 with its BOM)."""
     what = f"{name!r} " if name else ""
-    encoding = "utf-16" if data.startswith((b"\xff\xfe", b"\xfe\xff")) else "utf-8-sig"
     try:
-        text = data.decode(encoding)
+        text = data.decode(text_encoding(data))
     except UnicodeDecodeError as exc:
         raise InvalidRequest(
             f"the file {what}is not UTF-8 text (byte {exc.start:,} cannot be read); save it as UTF-8"

@@ -470,17 +470,14 @@ async def list_jobs(
             return JobPage(jobs, None)
         scanned += len(ids)
         found = await store.get_many([job_id for job_id, _ in ids])
-        for n, (entry, job) in enumerate(zip(ids, found, strict=True)):
+        for entry, job in zip(ids, found, strict=True):
             after = entry
             if job is not None and (status is None or job.status == status):
                 jobs.append(job)
                 if len(jobs) == limit:
-                    # full: the next page starts right after this job, not after the rest of this batch
-                    if n == len(ids) - 1 and len(ids) < limit:
-                        return JobPage(jobs, None)
-                    return JobPage(jobs, f"{after[1]!r}:{after[0]}")
-        if len(ids) < limit:
-            return JobPage(jobs, None)
+                    break  # full: the next page starts right after this job, not after the rest of this batch
+        if len(ids) < limit and after == ids[-1]:
+            return JobPage(jobs, None)  # the index has nothing after this batch
     return JobPage(jobs, f"{after[1]!r}:{after[0]}")
 
 

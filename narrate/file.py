@@ -27,6 +27,7 @@ from pathlib import Path
 from fleet.names import Names
 from fleet.settings import Settings
 from jobs.audio import FORMATS, Pauses
+from jobs.books import text_encoding
 from jobs.model import EventType, Job
 from jobs.segmentation import Plan
 from narrate.signals import Interrupted, StopSignals
@@ -104,13 +105,13 @@ def read_text_file(path: Path, max_chars: int) -> str:
         raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     if len(data) > limit:
         raise InputError(f"{path}: more text than this fleet accepts ({max_chars:,} characters)")
-    utf16 = data.startswith((b"\xff\xfe", b"\xfe\xff"))  # with its byte-order mark, as the API takes it
+    encoding = text_encoding(data)  # UTF-16 with its byte-order mark too, as the API takes it
     if data.startswith(b"%PDF-"):
         raise InputError(f"{path}: is a PDF; narrate reads text (.txt, .md) and EPUB: save its text first")
-    if not utf16 and b"\x00" in data[:65536]:
+    if encoding != "utf-16" and b"\x00" in data[:65536]:
         raise InputError(f"{path}: looks like a binary file, not text")
     try:
-        text = data.decode("utf-16" if utf16 else "utf-8-sig")
+        text = data.decode(encoding)
     except UnicodeDecodeError as exc:
         raise InputError(
             f"{path}: is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "

@@ -259,6 +259,14 @@ function expiryOf(link) {
 /** Signed links run out (NARRATE_LINK_TTL_S, an hour): a minute before they do, ask for the job
  * again and put the new ones where the old are (the download, the captions, a file in a paused
  * player). A job done an hour after it was opened, or a tab left open, would get 401s. */
+/** The job read again, its links replaced by the new ones; null if another job was opened meanwhile. */
+async function reread(job) {
+  const view = await api(job.links.self);
+  if (job !== current) return null;
+  job.links = { ...job.links, ...view.links };
+  return view;
+}
+
 function renewLinks(job, { soonest = 1000 } = {}) {
   clearTimeout(job.renewTimer);
   const expiry = Math.min(expiryOf(job.links.audio), expiryOf(job.links.events));
@@ -266,9 +274,7 @@ function renewLinks(job, { soonest = 1000 } = {}) {
   job.renewTimer = setTimeout(async () => {
     if (job !== current) return;
     try {
-      const view = await api(job.links.self);
-      if (job !== current) return;
-      job.links = { ...job.links, ...view.links };
+      if (!await reread(job)) return;
       if (!el.downloads.hidden) showDownloads(job);
       if (job.playing === "file" && el.player.paused) {
         const at = el.player.currentTime;
@@ -398,9 +404,8 @@ async function recover(job) {
   job.retryTimer = setTimeout(async () => {
     if (job !== current) return;
     try {
-      const view = await api(job.links.self);
-      if (job !== current) return;
-      job.links = { ...job.links, ...view.links };
+      const view = await reread(job);
+      if (!view) return;
       renewLinks(job);
       if (view.status === "done" || TERMINAL.has(view.status)) {
         setStatus(view.status, view.error);

@@ -15,11 +15,13 @@ from fleet.settings import Settings
 
 class Api:
     def __init__(
-        self, settings: Settings, redis: fakeredis.FakeAsyncRedis, client: httpx.AsyncClient
+        self, settings: Settings, redis: fakeredis.FakeAsyncRedis, client: httpx.AsyncClient, app=None
     ) -> None:
         self.settings = settings
         self.redis = redis
         self.client = client
+        #: The app's own objects (``app.state.fleet``: its tenant store, segment cache...).
+        self.app = app
 
     async def keys(self) -> list[bytes]:
         """Keys a job could have written (not the API's own: its link secret, rate counters)."""
@@ -42,7 +44,7 @@ def api(tmp_path):
             async with app.router.lifespan_context(app):
                 transport = httpx.ASGITransport(app=app)
                 async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
-                    return await scenario(Api(settings, redis, client))
+                    return await scenario(Api(settings, redis, client, app))
 
         return asyncio.run(main())
 
@@ -65,7 +67,7 @@ def real_api(tmp_path, redis_url, key_prefix):
                 async with app.router.lifespan_context(app):
                     transport = httpx.ASGITransport(app=app)
                     async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
-                        return await scenario(Api(settings, redis, client))
+                        return await scenario(Api(settings, redis, client, app))
             finally:
                 await redis.aclose()
 

@@ -15,7 +15,7 @@ from testing.fleetkit import delete_prefix, make_keys
 
 def test_revoking_the_last_key_does_not_open_an_auto_api(api):
     async def scenario(a):
-        tenants = a.client._transport.app.state.fleet.tenants
+        tenants = a.app.state.fleet.tenants
         assert (await a.client.post("/v1/jobs", json={"text": "Before any key."})).status_code == 202
         key = await tenants.create_key("alice")
         alices = await a.client.post("/v1/jobs", json={"text": "Hers."}, headers={"Authorization": f"Bearer {key}"})

@@ -23,7 +23,7 @@ def test_a_job_stored_is_accepted_though_queueing_its_finalize_failed(real_api, 
         first = (await a.client.post("/v1/jobs", json={"text": TEXT})).json()["id"]
         store = JobStore.for_settings(a.redis, a.settings)
         plan = await store.plan(first)
-        cache = a.client._transport.app.state.fleet.cache
+        cache = a.app.state.fleet.cache
         await a.redis.hset(cache.names.segment_cache(plan.cache_scope), mapping=dict.fromkeys(plan.cache_keys, 24_000))
         assert (await a.client.delete(f"/v1/jobs/{first}")).status_code == 202
 
